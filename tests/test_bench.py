@@ -1,0 +1,78 @@
+"""The benchmark harness end to end on real weights (SmolLM2-135M, fp32), and its pieces."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolspec.bench.methods import UnknownMethodError, parse_methods
+from toolspec.bench.run import first_difference
+from toolspec.cli import main
+from toolspec.datasets import DatasetFormatError, load_apibank, sample_path
+
+
+def test_methods_always_start_with_the_reference() -> None:
+    assert parse_methods("pld,oracle") == ["ar", "pld", "oracle"]
+    assert parse_methods("oracle,ar,oracle") == ["ar", "oracle"]
+    with pytest.raises(UnknownMethodError, match="available: ar, pld, oracle"):
+        parse_methods("ar,medusa")
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 9, 3], [1, 2, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_apibank_loader_reads_single_and_multi_call_answers(tmp_path: Path) -> None:
+    items = load_apibank(sample_path())
+    assert len(items) == 5
+    assert items[0].messages[0]["role"] == "system"
+    assert items[0].reference_calls[0]["name"] == "ModifyRegistration"
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps([{"system": "s", "user": "u",
+                                   "answer": {"name": "T", "parameters": {"a": 1}}}]))
+    assert load_apibank(single)[0].reference_calls == ({"name": "T", "arguments": {"a": 1}},)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps([{"system": "s"}]))
+    with pytest.raises(DatasetFormatError, match=r"broken.json\[0\]: missing user, answer"):
+        load_apibank(broken)
+
+
+@pytest.mark.real_model
+def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None:
+    code = main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
+                 "--data", str(sample_path()), "--limit", "2", "--methods", "ar,pld,oracle",
+                 "--max-new-tokens", "24", "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {"model", "dtype", "items", "machine", "methods"} <= results.keys()
+    assert results["model"] == "smollm2-135m" and results["dtype"] == "fp32"
+    assert results["items"] == 2
+    for name in ("ar", "pld", "oracle"):
+        method = results["methods"][name]
+        for field in ("decode_tokens_per_s", "e2e_tokens_per_s", "mat", "decode_speedup",
+                      "e2e_speedup", "identical_to_ar", "steps", "new_tokens"):
+            assert field in method, (name, field)
+        assert method["identical_to_ar"] == 1.0  # fp32: exact
+    assert results["methods"]["ar"]["mat"] == 1.0
+    assert results["methods"]["ar"]["decode_speedup"] == 1.0
+    assert results["methods"]["oracle"]["mat"] > 3
+    lines = (tmp_path / "items.jsonl").read_text().splitlines()
+    assert len(lines) == 6
+    assert "decode x" in capsys.readouterr().out
+
+
+@pytest.mark.real_model
+def test_cost_curve_cli(tmp_path: Path, capsys) -> None:
+    assert main(["bench", "cost-curve", "--model", "smollm2-135m", "--dtype", "fp32",
+                 "--prefix", "32", "--max-k", "4", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    curve = json.loads((tmp_path / "cost_curve.json").read_text())
+    assert list(curve["relative"]) == ["1", "2", "4"] and curve["relative"]["1"] == 1.0
+    assert "x k=1" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys) -> None:
+    assert main(["bench", "--data", str(tmp_path / "nope.json"), "--model", "smollm2-135m"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["bench", "--data", str(sample_path()), "--methods", "ar,nope"]) == 2

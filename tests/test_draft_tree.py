@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from toolspec.draft_tree import ROOT, DraftTree
+
+
+def test_trie_merges_shared_prefixes_and_keeps_first_source() -> None:
+    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([1, 2, 4], "b"), ([5], "c")])
+    assert tree.tokens == (1, 2, 3, 4, 5)
+    assert tree.parents == (ROOT, 0, 1, 1, ROOT)
+    assert tree.sources == ("a", "a", "a", "b", "c")
+    assert tree.depths == (1, 2, 3, 3, 1)
+    assert tree.paths() == [[0, 1, 2], [0, 1, 3], [4]]
+
+
+def test_budget_cuts_the_sequence_being_inserted_and_drops_the_rest() -> None:
+    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([1, 7, 8], "b"), ([9], "c")], budget=4)
+    assert tree.tokens == (1, 2, 3, 7)
+    assert len(tree) == 4
+
+
+def test_child_lookup() -> None:
+    tree = DraftTree.from_sequences([([1, 2], "a"), ([3], "a")])
+    assert tree.child(ROOT, 1) == 0
+    assert tree.child(ROOT, 3) == 2
+    assert tree.child(0, 2) == 1
+    assert tree.child(0, 3) is None
+    assert tree.child(1, 2) is None
+
+
+def test_mask_lets_each_node_see_prefix_itself_and_ancestors_only() -> None:
+    tree = DraftTree.from_sequences([([10, 11], "a"), ([12], "a")])
+    mask = tree.attention_mask(prefix_length=2, dtype=torch.float32)
+    assert mask.shape == (1, 1, 4, 6)
+    visible = (mask[0, 0] == 0).int().tolist()
+    assert visible == [
+        # prefix   root  10  11  12
+        [1, 1, 1, 0, 0, 0],  # root
+        [1, 1, 1, 1, 0, 0],  # 10
+        [1, 1, 1, 1, 1, 0],  # 11 (child of 10)
+        [1, 1, 1, 0, 0, 1],  # 12 (child of root, sibling of 10)
+    ]
+    assert mask[0, 0, 0, 3] == torch.finfo(torch.float32).min
+    assert tree.position_ids(prefix_length=2).tolist() == [[2, 3, 4, 3]]
+    assert tree.input_ids(root_token=7).tolist() == [[7, 10, 11, 12]]
+
+
+def test_empty_tree_is_just_the_root() -> None:
+    tree = DraftTree()
+    assert len(tree) == 0
+    assert tree.paths() == []
+    assert tree.attention_mask(3, torch.float32).shape == (1, 1, 1, 4)
+    assert tree.max_depth() == 0
+
+
+def test_merge_adds_other_trees_nodes_under_matching_paths() -> None:
+    first = DraftTree.from_sequences([([1, 2], "fsm")])
+    second = DraftTree.from_sequences([([1, 3], "pld"), ([4], "pld")])
+    merged = first.merge(second)
+    assert merged.tokens == (1, 2, 3, 4)
+    assert merged.parents == (ROOT, 0, 0, ROOT)
+    assert merged.sources == ("fsm", "fsm", "pld", "pld")
+    assert first.merge(second, budget=3).tokens == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "tokens,parents,sources",
+    [((1, 2), (ROOT, 1), ("a", "a")), ((1,), (ROOT, 0), ("a",)), ((1,), (-2,), ("a",))],
+)
+def test_invalid_trees_are_rejected(tokens, parents, sources) -> None:
+    with pytest.raises(ValueError):
+        DraftTree(tokens, parents, sources)

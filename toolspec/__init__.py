@@ -1,0 +1,16 @@
+"""ToolSpec: training-free, lossless speculative decoding for LLM tool calls."""
+
+from toolspec.draft_tree import DraftTree
+from toolspec.engine import Engine, Generation, GenerationParams, StepStats
+from toolspec.sampling import SamplingParams
+from toolspec.target_model import TargetModel
+
+__all__ = [
+    "DraftTree",
+    "Engine",
+    "Generation",
+    "GenerationParams",
+    "SamplingParams",
+    "StepStats",
+    "TargetModel",
+]

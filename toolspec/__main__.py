@@ -1,0 +1,5 @@
+import sys
+
+from toolspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: methods measured side by side against plain decoding in one run."""

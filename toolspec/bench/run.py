@@ -1,0 +1,180 @@
+"""``toolspec bench``: methods run interleaved item by item against plain decoding (``ar``).
+
+For each item ``ar`` runs first and every other method right after it on the same prompt, so a
+noisy machine slows all methods alike. Per-item records go to ``items.jsonl``, the summary to
+``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.bench.machine import describe_machine
+from toolspec.bench.methods import BASELINE, METHODS
+from toolspec.datasets import BenchItem
+from toolspec.engine import Engine, Generation, GenerationParams
+from toolspec.models import LoadedModel, dtype_name
+from toolspec.target_model import TargetModel
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One method on one item."""
+
+    item: str
+    method: str
+    tokens: list[int]
+    text: str
+    new_tokens: int
+    decode_tokens: int
+    steps: int
+    prefill_s: float
+    decode_s: float
+    accepted_by_source: dict[str, int]
+    identical_to_ar: bool
+    first_difference: int | None  # first position where the output differs from ar's
+    ar_margin: float | None  # ar's top-1 minus top-2 logit at that position (near-tie if small)
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the model's chat template, ready to generate."""
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
+    for position, (a, b) in enumerate(zip(ours, reference)):
+        if a != b:
+            return position
+    return None if len(ours) == len(reference) else min(len(ours), len(reference))
+
+
+def _item_result(item: BenchItem, method: str, generation: Generation, ar: Generation) -> ItemResult:
+    difference = first_difference(generation.tokens, ar.tokens)
+    margin = None
+    if difference is not None and ar.margins is not None and difference < len(ar.margins):
+        margin = ar.margins[difference]
+    return ItemResult(
+        item=item.id,
+        method=method,
+        tokens=list(generation.tokens),
+        text=generation.text,
+        new_tokens=len(generation.tokens),
+        decode_tokens=generation.decode_tokens,
+        steps=len(generation.steps),
+        prefill_s=generation.prefill_s,
+        decode_s=generation.decode_s,
+        accepted_by_source=dict(generation.accepted_by_source()),
+        identical_to_ar=difference is None,
+        first_difference=difference,
+        ar_margin=margin,
+    )
+
+
+def run_items(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    items: Sequence[BenchItem],
+    methods: Sequence[str],
+    params: GenerationParams,
+    progress: bool = True,
+) -> Iterable[ItemResult]:
+    """Yield one result per (item, method), ``ar`` first for every item."""
+    if methods[0] != BASELINE:
+        raise ValueError(f"the first method must be {BASELINE!r}, the reference")
+    ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
+    # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
+    engine.generate(chat_prompt_ids(tokenizer, items[0].messages), None,
+                    GenerationParams(max_new_tokens=4))
+    for item in tqdm(items, desc="items", unit="item", disable=not progress):
+        prompt = chat_prompt_ids(tokenizer, item.messages)
+        ar = engine.generate(prompt, None, ar_params)
+        yield _item_result(item, BASELINE, ar, ar)
+        for method in methods[1:]:
+            generation = engine.generate(prompt, METHODS[method](ar.tokens), params)
+            yield _item_result(item, method, generation, ar)
+
+
+def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per method: throughput (ratio of totals), speed-ups vs ar, MAT, identity, divergences."""
+    summary: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        rows = [r for r in results if r.method == method]
+        decode_s = sum(r.decode_s for r in rows)
+        e2e_s = sum(r.prefill_s + r.decode_s for r in rows)
+        steps = sum(r.steps for r in rows)
+        decode_tokens = sum(r.decode_tokens for r in rows)
+        new_tokens = sum(r.new_tokens for r in rows)
+        by_source: dict[str, int] = {}
+        for r in rows:
+            for source, count in r.accepted_by_source.items():
+                by_source[source] = by_source.get(source, 0) + count
+        summary[method] = {
+            "decode_tokens_per_s": decode_tokens / decode_s if decode_s else 0.0,
+            "e2e_tokens_per_s": new_tokens / e2e_s if e2e_s else 0.0,
+            "mat": decode_tokens / steps if steps else 0.0,
+            "identical_to_ar": sum(r.identical_to_ar for r in rows) / len(rows) if rows else 0.0,
+            "steps": steps,
+            "new_tokens": new_tokens,
+            "prefill_s": sum(r.prefill_s for r in rows),
+            "decode_s": decode_s,
+            "accepted_by_source": by_source,
+            "divergences": [
+                {"item": r.item, "position": r.first_difference, "ar_margin": r.ar_margin}
+                for r in rows if not r.identical_to_ar
+            ],
+        }
+    reference = summary[BASELINE]
+    for entry in summary.values():
+        entry["decode_speedup"] = _ratio(entry["decode_tokens_per_s"], reference["decode_tokens_per_s"])
+        entry["e2e_speedup"] = _ratio(entry["e2e_tokens_per_s"], reference["e2e_tokens_per_s"])
+    return summary
+
+
+def _ratio(value: float, reference: float) -> float:
+    return value / reference if reference else 0.0
+
+
+def results_document(
+    loaded: LoadedModel, items: int, summary: dict[str, dict[str, Any]], extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {
+        "model": loaded.name,
+        "dtype": dtype_name(loaded.dtype),
+        "items": items,
+        "machine": describe_machine(loaded.device),
+        **extra,
+        "methods": summary,
+    }
+
+
+def write_outputs(out: Path, document: Mapping[str, Any], results: Iterable[ItemResult]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(document, indent=2))
+    with open(out / "items.jsonl", "w") as handle:
+        for result in results:
+            handle.write(json.dumps(asdict(result)) + "\n")
+
+
+def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
+    header = f"{'method':<10}{'decode tok/s':>13}{'e2e tok/s':>11}{'MAT':>7}{'decode x':>10}" \
+             f"{'e2e x':>8}{'identical':>11}"
+    lines = [header, "-" * len(header)]
+    for method, m in summary.items():
+        lines.append(
+            f"{method:<10}{m['decode_tokens_per_s']:>13.2f}{m['e2e_tokens_per_s']:>11.2f}"
+            f"{m['mat']:>7.2f}{m['decode_speedup']:>9.2f}x{m['e2e_speedup']:>7.2f}x"
+            f"{m['identical_to_ar']:>11.2%}"
+        )
+    return "\n".join(lines)
+
+
+def build_engine(loaded: LoadedModel, draft_budget: int) -> Engine:
+    return Engine(TargetModel(loaded.model), loaded.tokenizer, draft_budget=draft_budget)

@@ -1,0 +1,195 @@
+"""DraftTree: the speculative tokens checked by one forward pass of the target model.
+
+A tree hangs below the *root*: the last token the engine has emitted but not yet run through the
+model. Node ``i`` holds ``tokens[i]``; its parent is ``parents[i]`` (``ROOT`` = -1 for children of
+the root, otherwise an earlier node, so nodes are topologically ordered). ``sources[i]`` names the
+drafter that proposed the node, so acceptance can be reported per source.
+
+The forward pass runs over ``[root, node 0, node 1, ...]``; "row" below means an index into that
+sequence (row 0 is the root, row ``i + 1`` is node ``i``). Everything the verifier needs — the
+attention mask, the position ids, the child lookup used by acceptance — derives from
+``parents``. Trees are immutable; building one from token sequences merges shared prefixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+ROOT = -1
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.parents) == len(self.sources):
+            raise ValueError(
+                f"tokens, parents and sources must have one entry per node, got "
+                f"{len(self.tokens)}, {len(self.parents)}, {len(self.sources)}"
+            )
+        for index, parent in enumerate(self.parents):
+            if not ROOT <= parent < index:
+                raise ValueError(
+                    f"node {index} has parent {parent}: a parent must be ROOT (-1) or an "
+                    f"earlier node"
+                )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_sequences(
+        cls, sequences: Iterable[tuple[Sequence[int], str]], budget: int | None = None
+    ) -> DraftTree:
+        """A trie of token sequences (each tagged with its source), shared prefixes merged.
+
+        Sequences are inserted in the given order, so put the most promising first: when the
+        node ``budget`` runs out, the sequence being inserted is cut and the rest are dropped.
+        """
+        builder = _TrieBuilder()
+        for tokens, source in sequences:
+            if not builder.insert(tokens, source, budget):
+                break
+        return builder.build()
+
+    def merge(self, other: DraftTree, budget: int | None = None) -> DraftTree:
+        """This tree with ``other``'s nodes added (shared prefixes merged) within ``budget``."""
+        builder = _TrieBuilder.of(self)
+        placed: dict[int, int] = {ROOT: ROOT}  # other's node -> node in the merged tree
+        for index, (token, parent, source) in enumerate(
+            zip(other.tokens, other.parents, other.sources)
+        ):
+            node = builder.find_or_add(token, placed[parent], source, budget)
+            if node is None:
+                break
+            placed[index] = node
+        return builder.build()
+
+    # ---- structure ----------------------------------------------------------------------------
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node below the root (children of the root have depth 1)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent == ROOT else depths[parent] + 1)
+        return tuple(depths)
+
+    @cached_property
+    def _children(self) -> tuple[dict[int, int], ...]:
+        """For each row, token → child node. Row 0 is the root."""
+        children: tuple[dict[int, int], ...] = tuple({} for _ in range(len(self) + 1))
+        for index, (token, parent) in enumerate(zip(self.tokens, self.parents)):
+            children[parent + 1].setdefault(token, index)
+        return children
+
+    def child(self, node: int, token: int) -> int | None:
+        """The child of ``node`` (``ROOT`` allowed) that holds ``token``, if any."""
+        return self._children[node + 1].get(token)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive)."""
+        path: list[int] = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def paths(self) -> list[list[int]]:
+        """Every root-to-leaf path, as node indices."""
+        has_child = {parent for parent in self.parents if parent != ROOT}
+        return [self.path_to(leaf) for leaf in range(len(self)) if leaf not in has_child]
+
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    # ---- what the verifier feeds the model ----------------------------------------------------
+
+    def ancestor_matrix(self) -> torch.Tensor:
+        """Bool ``[n+1, n+1]``: row r may attend to row c (c is r itself or an ancestor)."""
+        size = len(self) + 1
+        visible = torch.zeros(size, size, dtype=torch.bool)
+        visible[0, 0] = True
+        for index, parent in enumerate(self.parents):
+            row = index + 1
+            visible[row] = visible[parent + 1]
+            visible[row, row] = True
+        return visible
+
+    def attention_mask(
+        self, prefix_length: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
+        """Additive mask ``[1, 1, n+1, prefix_length + n+1]``: 0 where visible, dtype-min elsewhere.
+
+        Every row sees the whole committed prefix, itself and its ancestors — never a sibling.
+        """
+        size = len(self) + 1
+        visible = torch.ones(size, prefix_length + size, dtype=torch.bool)
+        visible[:, prefix_length:] = self.ancestor_matrix()
+        mask = torch.zeros(visible.shape, dtype=dtype)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        return mask.to(device)[None, None]
+
+    def position_ids(self, prefix_length: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[1, n+1]`` positions: the root at ``prefix_length``, each node one below its parent."""
+        offsets = torch.tensor((0, *self.depths), dtype=torch.long)
+        return (offsets + prefix_length).to(device)[None]
+
+    def input_ids(self, root_token: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.tensor([(root_token, *self.tokens)], dtype=torch.long, device=device)
+
+
+class _TrieBuilder:
+    """Mutable helper that grows a trie node by node; ``build`` freezes it into a DraftTree."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.sources: list[str] = []
+        self.children: list[dict[int, int]] = [{}]  # per row; row 0 is the root
+
+    @classmethod
+    def of(cls, tree: DraftTree) -> _TrieBuilder:
+        builder = cls()
+        for token, parent, source in zip(tree.tokens, tree.parents, tree.sources):
+            builder._add(token, parent, source)
+        return builder
+
+    def _add(self, token: int, parent: int, source: str) -> int:
+        index = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.sources.append(source)
+        self.children.append({})
+        self.children[parent + 1].setdefault(token, index)
+        return index
+
+    def find_or_add(self, token: int, parent: int, source: str, budget: int | None) -> int | None:
+        """The child of ``parent`` holding ``token``, added if new; None if over ``budget``."""
+        existing = self.children[parent + 1].get(token)
+        if existing is not None:
+            return existing
+        if budget is not None and len(self.tokens) >= budget:
+            return None
+        return self._add(token, parent, source)
+
+    def insert(self, tokens: Sequence[int], source: str, budget: int | None) -> bool:
+        """Insert one sequence below the root; False once the budget is exhausted."""
+        node: int | None = ROOT
+        for token in tokens:
+            node = self.find_or_add(token, node, source, budget)
+            if node is None:
+                return False
+        return budget is None or len(self.tokens) < budget
+
+    def build(self) -> DraftTree:
+        return DraftTree(tuple(self.tokens), tuple(self.parents), tuple(self.sources))

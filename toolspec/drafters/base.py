@@ -1,0 +1,64 @@
+"""The drafter lifecycle every draft source follows.
+
+A drafter is a pure CPU object with no model inside: ``start`` once per request, then per
+verification step ``propose`` a DraftTree for what follows the context and ``observe`` the tokens
+the step emitted, and ``stop`` at the end. It can be tested with a toy vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from toolspec.draft_tree import DraftTree
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a drafter learns about a request when it starts."""
+
+    prompt_ids: tuple[int, ...]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft trees for one request at a time."""
+
+    name: str
+
+    def start(self, request: DraftRequest) -> None:
+        """Begin a request. Mutates: the drafter's per-request state (reset)."""
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        """Draft what follows ``context`` (prompt + every emitted token), at most ``budget`` nodes.
+
+        Must not mutate ``context``.
+        """
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        """The tokens the last step emitted (accepted drafts + the bonus token), in order.
+
+        Mutates: the drafter's per-request state.
+        """
+
+    def stop(self) -> None:
+        """End the request; release per-request state."""
+
+
+class NoDrafter:
+    """Proposes nothing: the engine then decodes one token per step (plain autoregressive)."""
+
+    name = "ar"
+
+    def start(self, request: DraftRequest) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        return DraftTree()
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass

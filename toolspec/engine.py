@@ -1,0 +1,190 @@
+"""The speculative decoding engine: prefill, then propose → verify → commit → observe.
+
+Plain autoregressive decoding is the same loop with a drafter that proposes nothing, so both run
+through the same model wrapper, cache and token chooser and their timings compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.draft_tree import DraftTree
+from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
+from toolspec.sampling import SamplingParams, TokenChooser
+from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
+from toolspec.target_model import TargetModel, commit_path
+from toolspec.verify import Verification, verify
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    # Record the top-1 minus top-2 logit margin behind every emitted token (diagnostics).
+    record_margins: bool = False
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One verification step."""
+
+    nodes: int  # draft nodes proposed (the root not counted)
+    accepted: int  # draft tokens accepted (the bonus not counted)
+    emitted: int  # tokens this step added to the output (accepted + bonus, after stop cuts)
+    draft_s: float
+    verify_s: float
+    commit_s: float
+    accepted_by_source: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    prefill_s: float  # prompt forward and the choice of the first token
+    decode_s: float  # everything after that
+    steps: tuple[StepStats, ...]
+    margins: tuple[float, ...] | None = None  # aligned with ``tokens`` when recorded
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens produced by verification steps (all but the one produced by prefill)."""
+        return sum(step.emitted for step in self.steps)
+
+    @property
+    def mat(self) -> float:
+        """Mean tokens committed per verification step, bonus included (1.0 for plain decoding)."""
+        return self.decode_tokens / len(self.steps) if self.steps else 0.0
+
+    def accepted_by_source(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for step in self.steps:
+            total.update(step.accepted_by_source)
+        return total
+
+
+class Engine:
+    """Generates with a target model and any drafter. One sequence at a time.
+
+    ``draft_budget`` caps the draft nodes verified per step (the forward runs over budget + 1
+    tokens).
+    """
+
+    def __init__(
+        self,
+        model: TargetModel,
+        tokenizer: PreTrainedTokenizerBase,
+        draft_budget: int = 8,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        if draft_budget < 0:
+            raise ValueError(f"draft_budget must be >= 0, got {draft_budget}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.draft_budget = draft_budget
+        self.stop_token_ids = frozenset(
+            stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
+        )
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter | None = None,
+        params: GenerationParams = GenerationParams(),
+    ) -> Generation:
+        drafter = drafter or NoDrafter()
+        chooser = TokenChooser(params.sampling)
+        scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
+        cache = self.model.new_cache()
+
+        started = time.perf_counter()
+        prompt_logits = self.model.prefill(cache, prompt_ids)
+        chooser.bind(prompt_logits[None])
+        generated = [chooser.choose(0)]
+        margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
+        prefill_s = time.perf_counter() - started
+
+        drafter.start(DraftRequest(tuple(prompt_ids)))
+        drafter.observe(generated)
+        context = [*prompt_ids, *generated]
+        decision = scanner.scan(generated, 1)
+        steps: list[StepStats] = []
+        while decision is None:
+            budget = min(self.draft_budget, params.max_new_tokens - len(generated) - 1)
+            t0 = time.perf_counter()
+            tree = drafter.propose(context, budget) if budget > 0 else DraftTree()
+            t1 = time.perf_counter()
+            base_length = cache.get_seq_length()
+            result = verify(self.model, cache, context[-1], tree, chooser)
+            t2 = time.perf_counter()
+            commit_path(cache, base_length, result.path.rows)
+            t3 = time.perf_counter()
+            emitted = list(result.emitted)
+            generated.extend(emitted)
+            decision = scanner.scan(generated, len(emitted))
+            if decision is not None and decision.keep < len(emitted):
+                del generated[len(generated) - len(emitted) + decision.keep :]
+                emitted = emitted[: decision.keep]
+            context.extend(emitted)
+            drafter.observe(emitted)
+            t4 = time.perf_counter()
+            if margins is not None:
+                margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
+            steps.append(_step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2))
+        drafter.stop()
+        decode_s = time.perf_counter() - started - prefill_s
+
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        return Generation(
+            prompt_tokens=len(prompt_ids),
+            tokens=tuple(generated),
+            text=cut_at_stop_string(text, decision.stop_string),
+            finish_reason=decision.reason,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            steps=tuple(steps),
+            margins=tuple(margins) if margins is not None else None,
+        )
+
+
+def _step_stats(
+    tree: DraftTree, result: Verification, emitted: int, draft_s: float, verify_s: float,
+    commit_s: float,
+) -> StepStats:
+    accepted = result.path.nodes[:emitted]  # a stop may cut the step short
+    return StepStats(
+        nodes=len(tree),
+        accepted=len(accepted),
+        emitted=emitted,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        commit_s=commit_s,
+        accepted_by_source=Counter(tree.sources[node] for node in accepted),
+    )
+
+
+def _top2_margin(logits: torch.Tensor) -> list[float]:
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def default_stop_token_ids(model: TargetModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """End-of-sequence ids from the generation config and the tokenizer."""
+    ids: set[int] = set()
+    configured = getattr(model.model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
