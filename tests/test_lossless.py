@@ -14,7 +14,7 @@ VOCAB = 96
 
 @pytest.fixture
 def engine(tiny_family: str) -> Engine:
-    return Engine(TargetModel(tiny_model(tiny_family, VOCAB)), ToyTokenizer(), draft_budget=12,
+    return Engine(TargetModel(tiny_model(tiny_family, VOCAB)), ToyTokenizer(), budget=12,
                   stop_token_ids=[])
 
 
@@ -51,7 +51,7 @@ def test_oracle_reaches_the_depth_budget(engine: Engine) -> None:
     plain = engine.generate(prompt, None, params)
     oracle = engine.generate(prompt, OracleDrafter(plain.tokens), params)
     assert oracle.tokens == plain.tokens
-    assert oracle.mat >= 0.9 * (engine.draft_budget + 1)
+    assert oracle.mat >= 0.9 * (engine.budget.max_nodes + 1)
     assert all(step.accepted == step.nodes for step in oracle.steps)
     assert oracle.accepted_by_source()["oracle"] == len(plain.tokens) - 1 - len(oracle.steps)
 
@@ -63,7 +63,7 @@ def test_stop_token_inside_a_multi_token_step_ends_where_plain_decoding_ends(tin
         prompt, None, GenerationParams(max_new_tokens=30))
     stop_token = free.tokens[17]
     first = free.tokens.index(stop_token)
-    engine = Engine(model, ToyTokenizer(), draft_budget=12, stop_token_ids=[stop_token])
+    engine = Engine(model, ToyTokenizer(), budget=12, stop_token_ids=[stop_token])
     params = GenerationParams(max_new_tokens=30)
     plain = engine.generate(prompt, None, params)
     oracle = engine.generate(prompt, OracleDrafter(free.tokens), params)
@@ -74,7 +74,7 @@ def test_stop_token_inside_a_multi_token_step_ends_where_plain_decoding_ends(tin
 def test_stop_string_inside_a_multi_token_step(tiny_family) -> None:
     model = TargetModel(tiny_model(tiny_family, VOCAB))
     prompt = random_prompt(random.Random(4))
-    engine = Engine(model, ToyTokenizer(), draft_budget=12, stop_token_ids=[])
+    engine = Engine(model, ToyTokenizer(), budget=12, stop_token_ids=[])
     free = engine.generate(prompt, None, GenerationParams(max_new_tokens=30))
     stop = f"<{free.tokens[12]}><{free.tokens[13]}>"
     params = GenerationParams(max_new_tokens=30, stop=(stop,))

@@ -28,7 +28,7 @@ def chat(tokenizer, text: str) -> list[int]:
 
 
 def test_prompt_lookup_is_identical_to_plain_decoding(smol) -> None:
-    engine = Engine(TargetModel(smol.model), smol.tokenizer, draft_budget=10)
+    engine = Engine(TargetModel(smol.model), smol.tokenizer, budget=10)
     params = GenerationParams(max_new_tokens=48)
     speculated_steps = 0
     for text in PROMPTS:
@@ -44,7 +44,7 @@ def test_prompt_lookup_is_identical_to_plain_decoding(smol) -> None:
 
 
 def test_seeded_sampling_is_identical_to_plain_sampling(smol) -> None:
-    engine = Engine(TargetModel(smol.model), smol.tokenizer, draft_budget=10)
+    engine = Engine(TargetModel(smol.model), smol.tokenizer, budget=10)
     prompt = chat(smol.tokenizer, PROMPTS[1])
     params = GenerationParams(max_new_tokens=40,
                               sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=11))

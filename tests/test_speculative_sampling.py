@@ -84,7 +84,7 @@ def test_first_two_tokens_follow_the_plain_sampling_distribution(params: Samplin
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_seeded_speculative_sampling_replays_plain_sampling(family: str) -> None:
     vocab = 96
-    engine = Engine(TargetModel(tiny_model(family, vocab)), ToyTokenizer(), draft_budget=10,
+    engine = Engine(TargetModel(tiny_model(family, vocab)), ToyTokenizer(), budget=10,
                     stop_token_ids=[])
     with torch.no_grad():
         engine.model.model.lm_head.weight.mul_(0.05)  # high-entropy: sampling matters

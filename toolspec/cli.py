@@ -25,12 +25,12 @@ def _bench(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import parse_methods
     from toolspec.bench.run import (build_engine, format_table, results_document, run_items,
                                     summarize, write_outputs)
-    from toolspec.datasets import load_apibank
+    from toolspec.datasets import load_dataset
     from toolspec.engine import GenerationParams
     from toolspec.models import load_model
 
     methods = parse_methods(args.methods)
-    items = load_apibank(args.data, args.limit)
+    items = load_dataset(args.data, args.limit)
     if not items:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
@@ -40,10 +40,12 @@ def _bench(args: argparse.Namespace) -> int:
     results = list(run_items(engine, loaded.tokenizer, items, methods, params))
     summary = summarize(results, methods)
     document = results_document(loaded, len(items), summary, {
-        "data": str(args.data), "draft_budget": args.budget, "max_new_tokens": args.max_new_tokens,
+        "data": str(args.data), "draft_budget": args.budget or "auto",
+        "max_new_tokens": args.max_new_tokens,
+        "acceptance_by_source": engine.budget.calibration.rates(),
     })
     print(f"{loaded.name} {document['dtype']}, {len(items)} items of {args.data}, "
-          f"draft budget {args.budget}\n{document['machine']}")
+          f"draft budget {args.budget or 'auto'}\n{document['machine']}")
     print(format_table(summary))
     for method, entry in summary.items():
         for divergence in entry["divergences"]:
@@ -56,25 +58,47 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _cost_curve(args: argparse.Namespace) -> int:
-    from toolspec.bench.cost_curve import format_cost_curve, measure_cost_curve
     from toolspec.bench.machine import describe_machine
+    from toolspec.cost_curve import (DEFAULT_SIZES, cost_curve_document, format_cost_curve,
+                                     measure_cost_curve)
     from toolspec.models import dtype_name, load_model
     from toolspec.target_model import TargetModel
 
     loaded = load_model(args.model, dtype=args.dtype)
-    sizes = [2 ** i for i in range(args.max_k.bit_length()) if 2 ** i <= args.max_k]
+    sizes = [k for k in DEFAULT_SIZES if k <= args.max_k]
     timings = measure_cost_curve(TargetModel(loaded.model), args.prefix, sizes, args.repeats)
     print(f"{loaded.name} {dtype_name(loaded.dtype)}, {args.prefix}-token prefix\n"
           f"{describe_machine(loaded.device)}")
     print(format_cost_curve(timings))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "cost_curve.json").write_text(json.dumps({
-            "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": args.prefix,
-            "machine": describe_machine(loaded.device),
-            "seconds": {str(k): t for k, t in timings.items()},
-            "relative": {str(k): t / timings[sizes[0]] for k, t in timings.items()},
-        }, indent=2))
+        document = cost_curve_document(loaded, args.prefix, timings)
+        (Path(args.out) / "cost_curve.json").write_text(json.dumps(document, indent=2))
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from toolspec.bench.methods import METHODS, parse_methods
+    from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
+    from toolspec.datasets import load_dataset
+    from toolspec.models import load_tokenizer
+    from toolspec.sim import format_report, recorded_targets, reference_targets, simulate
+
+    method = {"schema": "toolspec-schema"}.get(args.drafter, args.drafter)
+    parse_methods(method)
+    tokenizer = load_tokenizer(args.model)
+    items = load_dataset(args.data, args.limit)
+    targets = (recorded_targets(tokenizer, items, args.recorded) if args.recorded
+               else reference_targets(tokenizer, items))
+    cost = CostModel.load(args.cost_curve) if args.cost_curve else None
+    budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
+    drafter = METHODS[method](tokenizer)(())
+    report = simulate(drafter, targets, budget, tokenizer, cost)
+    print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "
+          f"{'cost-aware budget' if args.cost_curve else f'budget {args.budget}'}")
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
     return 0
 
 
@@ -99,6 +123,15 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget(spec: str) -> int | None:
+    """``auto`` → None (size trees to the measured cost curve); a number → a fixed node cap."""
+    if spec == "auto":
+        return None
+    if not spec.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of draft nodes, got {spec!r}")
+    return int(spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolspec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -110,10 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmark decoding methods against plain decoding")
     _add_model_options(bench)
-    bench.add_argument("--data", type=Path, help="a JSON file in the API-Bank processed format")
+    bench.add_argument("--data", help="a JSON file in the API-Bank processed format, or "
+                                      "bfcl:<category> (e.g. bfcl:simple_python)")
     bench.add_argument("--limit", type=int, default=None, help="first N items")
     bench.add_argument("--methods", default="ar,pld,oracle", help="comma-separated; ar always runs")
-    bench.add_argument("--budget", type=int, default=8, help="draft nodes verified per step")
+    bench.add_argument("--budget", default=None, type=_budget,
+                       help="draft nodes verified per step: a number, or auto (default) to size "
+                            "each tree to this machine's measured cost curve")
     bench.add_argument("--max-new-tokens", type=int, default=192)
     bench.add_argument("--out", type=Path, help="write results.json and items.jsonl here")
     bench.set_defaults(handler=_bench)
@@ -125,6 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--repeats", type=int, default=5)
     cost.add_argument("--out", type=Path)
     cost.set_defaults(handler=_cost_curve)
+
+    sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
+    sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")
+    sim.add_argument("--limit", type=int, default=None)
+    sim.add_argument("--drafter", default="schema", help="schema, pld, or any bench method")
+    sim.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer to use")
+    sim.add_argument("--budget", type=int, default=16, help="draft nodes per step")
+    sim.add_argument("--cost-curve", type=Path,
+                     help="cost_curve.json: size trees to it instead of a fixed budget")
+    sim.add_argument("--recorded", type=Path,
+                     help="items.jsonl from toolspec bench: replay its ar outputs")
+    sim.add_argument("--json", type=Path, help="write the report here")
+    sim.set_defaults(handler=_sim)
 
     models = commands.add_parser("models", help="list the registered models")
     models.add_argument("--prepare", choices=list(REGISTRY), help="convert this model now")

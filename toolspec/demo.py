@@ -15,7 +15,7 @@ def run_demo(model: str, dtype: str, count: int) -> int:
     print(f"loading {model} (the first run rebuilds and converts the weights, about a minute)...")
     loaded = load_model(model, dtype=dtype)
     items = load_apibank(sample_path(), limit=count)
-    engine = build_engine(loaded, draft_budget=8)
+    engine = build_engine(loaded)
     methods = parse_methods("ar,pld")
     results = list(run_items(engine, loaded.tokenizer, items, methods,
                              GenerationParams(max_new_tokens=160), progress=False))

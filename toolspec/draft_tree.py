@@ -9,6 +9,9 @@ The forward pass runs over ``[root, node 0, node 1, ...]``; "row" below means an
 sequence (row 0 is the root, row ``i + 1`` is node ``i``). Everything the verifier needs — the
 attention mask, the position ids, the child lookup used by acceptance — derives from
 ``parents``. Trees are immutable; building one from token sequences merges shared prefixes.
+
+``priors[i]`` is the drafter's estimate that node ``i`` is accepted given that its parent is
+(1.0 when the drafter has no opinion); the engine uses it to size the tree to the hardware.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ class DraftTree:
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     sources: tuple[str, ...] = ()
+    priors: tuple[float, ...] = ()  # empty means 1.0 for every node
 
     def __post_init__(self) -> None:
-        if not len(self.tokens) == len(self.parents) == len(self.sources):
+        if not self.priors and self.tokens:
+            object.__setattr__(self, "priors", (1.0,) * len(self.tokens))
+        if not len(self.tokens) == len(self.parents) == len(self.sources) == len(self.priors):
             raise ValueError(
-                f"tokens, parents and sources must have one entry per node, got "
-                f"{len(self.tokens)}, {len(self.parents)}, {len(self.sources)}"
+                f"tokens, parents, sources and priors must have one entry per node, got "
+                f"{len(self.tokens)}, {len(self.parents)}, {len(self.sources)}, {len(self.priors)}"
             )
         for index, parent in enumerate(self.parents):
             if not ROOT <= parent < index:
@@ -61,14 +67,59 @@ class DraftTree:
                 break
         return builder.build()
 
+    @classmethod
+    def from_weighted(
+        cls, candidates: Iterable[WeightedDraft], budget: int | None = None
+    ) -> DraftTree:
+        """A trie of candidates whose tokens carry reach probabilities; the likeliest nodes kept.
+
+        A node's mass is the summed reach probability of the candidates through it; its prior is
+        its mass over its parent's. With a ``budget``, the ``budget`` heaviest nodes are kept —
+        always a connected tree, since mass never grows along a path.
+        """
+        builder = _TrieBuilder()
+        masses: list[float] = []
+        for draft in candidates:
+            node = ROOT
+            for token, source, reach in zip(draft.tokens, draft.sources, draft.reach):
+                child = builder.find_or_add(token, node, source, None)
+                if child == len(masses):
+                    masses.append(0.0)
+                masses[child] += reach
+                node = child
+        tree = builder.build()
+        priors = tuple(
+            min(1.0, mass / (1.0 if parent == ROOT else masses[parent])) if mass > 0 else 0.0
+            for mass, parent in zip(masses, tree.parents)
+        )
+        tree = DraftTree(tree.tokens, tree.parents, tree.sources, priors)
+        if budget is None or len(tree) <= budget:
+            return tree
+        ranked = sorted(range(len(tree)), key=lambda node: (-masses[node], node))
+        return tree.subtree(sorted(ranked[:budget]))
+
+    def subtree(self, nodes: Sequence[int]) -> DraftTree:
+        """The tree restricted to ``nodes`` (ascending; every kept node's parent must be kept)."""
+        position = {ROOT: ROOT}
+        for new_index, node in enumerate(nodes):
+            if self.parents[node] not in position:
+                raise ValueError(f"node {node} kept without its parent {self.parents[node]}")
+            position[node] = new_index
+        return DraftTree(
+            tuple(self.tokens[n] for n in nodes),
+            tuple(position[self.parents[n]] for n in nodes),
+            tuple(self.sources[n] for n in nodes),
+            tuple(self.priors[n] for n in nodes),
+        )
+
     def merge(self, other: DraftTree, budget: int | None = None) -> DraftTree:
         """This tree with ``other``'s nodes added (shared prefixes merged) within ``budget``."""
         builder = _TrieBuilder.of(self)
         placed: dict[int, int] = {ROOT: ROOT}  # other's node -> node in the merged tree
-        for index, (token, parent, source) in enumerate(
-            zip(other.tokens, other.parents, other.sources)
+        for index, (token, parent, source, prior) in enumerate(
+            zip(other.tokens, other.parents, other.sources, other.priors)
         ):
-            node = builder.find_or_add(token, placed[parent], source, budget)
+            node = builder.find_or_add(token, placed[parent], source, budget, prior)
             if node is None:
                 break
             placed[index] = node
@@ -148,6 +199,16 @@ class DraftTree:
         return torch.tensor([(root_token, *self.tokens)], dtype=torch.long, device=device)
 
 
+@dataclass(frozen=True)
+class WeightedDraft:
+    """One candidate continuation: per token, its source and its reach probability (the chance
+    that the model writes this candidate at least up to and including that token)."""
+
+    tokens: tuple[int, ...]
+    sources: tuple[str, ...]
+    reach: tuple[float, ...]
+
+
 class _TrieBuilder:
     """Mutable helper that grows a trie node by node; ``build`` freezes it into a DraftTree."""
 
@@ -155,32 +216,36 @@ class _TrieBuilder:
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.sources: list[str] = []
+        self.priors: list[float] = []
         self.children: list[dict[int, int]] = [{}]  # per row; row 0 is the root
 
     @classmethod
     def of(cls, tree: DraftTree) -> _TrieBuilder:
         builder = cls()
-        for token, parent, source in zip(tree.tokens, tree.parents, tree.sources):
-            builder._add(token, parent, source)
+        for token, parent, source, prior in zip(tree.tokens, tree.parents, tree.sources, tree.priors):
+            builder._add(token, parent, source, prior)
         return builder
 
-    def _add(self, token: int, parent: int, source: str) -> int:
+    def _add(self, token: int, parent: int, source: str, prior: float = 1.0) -> int:
         index = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)
         self.sources.append(source)
+        self.priors.append(prior)
         self.children.append({})
         self.children[parent + 1].setdefault(token, index)
         return index
 
-    def find_or_add(self, token: int, parent: int, source: str, budget: int | None) -> int | None:
+    def find_or_add(
+        self, token: int, parent: int, source: str, budget: int | None, prior: float = 1.0
+    ) -> int | None:
         """The child of ``parent`` holding ``token``, added if new; None if over ``budget``."""
         existing = self.children[parent + 1].get(token)
         if existing is not None:
             return existing
         if budget is not None and len(self.tokens) >= budget:
             return None
-        return self._add(token, parent, source)
+        return self._add(token, parent, source, prior)
 
     def insert(self, tokens: Sequence[int], source: str, budget: int | None) -> bool:
         """Insert one sequence below the root; False once the budget is exhausted."""
@@ -192,4 +257,6 @@ class _TrieBuilder:
         return budget is None or len(self.tokens) < budget
 
     def build(self) -> DraftTree:
-        return DraftTree(tuple(self.tokens), tuple(self.parents), tuple(self.sources))
+        return DraftTree(
+            tuple(self.tokens), tuple(self.parents), tuple(self.sources), tuple(self.priors)
+        )

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from toolspec.budget import DraftBudget, FixedBudget
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
+from toolspec.formats import CallFormat
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
 from toolspec.target_model import TargetModel, commit_path
+from toolspec.tools import ToolSet
 from toolspec.verify import Verification, verify
 
 
@@ -75,22 +78,25 @@ class Generation:
 class Engine:
     """Generates with a target model and any drafter. One sequence at a time.
 
-    ``draft_budget`` caps the draft nodes verified per step (the forward runs over budget + 1
-    tokens).
+    ``budget`` decides how much of each draft tree is verified: an int caps the nodes (the
+    forward runs over at most budget + 1 tokens); a ``CostAwareBudget`` sizes each tree to the
+    measured cost curve. Mutates: the budget's acceptance statistics, across generations.
     """
 
     def __init__(
         self,
         model: TargetModel,
         tokenizer: PreTrainedTokenizerBase,
-        draft_budget: int = 8,
+        budget: DraftBudget | int = 8,
         stop_token_ids: Sequence[int] | None = None,
     ) -> None:
-        if draft_budget < 0:
-            raise ValueError(f"draft_budget must be >= 0, got {draft_budget}")
+        if isinstance(budget, int):
+            if budget < 0:
+                raise ValueError(f"the draft budget must be >= 0, got {budget}")
+            budget = FixedBudget(budget)
         self.model = model
         self.tokenizer = tokenizer
-        self.draft_budget = draft_budget
+        self.budget = budget
         self.stop_token_ids = frozenset(
             stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
         )
@@ -100,7 +106,12 @@ class Engine:
         prompt_ids: Sequence[int],
         drafter: Drafter | None = None,
         params: GenerationParams = GenerationParams(),
+        tools: ToolSet | None = None,
+        call_format: CallFormat | None = None,
+        conversation: str = "",
     ) -> Generation:
+        """Generate after ``prompt_ids``; ``tools``, ``call_format`` and ``conversation`` (the
+        messages' text) inform the drafter."""
         drafter = drafter or NoDrafter()
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
@@ -113,20 +124,21 @@ class Engine:
         margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
         prefill_s = time.perf_counter() - started
 
-        drafter.start(DraftRequest(tuple(prompt_ids)))
+        drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation))
         drafter.observe(generated)
         context = [*prompt_ids, *generated]
         decision = scanner.scan(generated, 1)
         steps: list[StepStats] = []
         while decision is None:
-            budget = min(self.draft_budget, params.max_new_tokens - len(generated) - 1)
+            room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
             t0 = time.perf_counter()
-            tree = drafter.propose(context, budget) if budget > 0 else DraftTree()
+            tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
             t1 = time.perf_counter()
             base_length = cache.get_seq_length()
             result = verify(self.model, cache, context[-1], tree, chooser)
             t2 = time.perf_counter()
             commit_path(cache, base_length, result.path.rows)
+            self.budget.observe(tree, result.path.nodes)
             t3 = time.perf_counter()
             emitted = list(result.emitted)
             generated.extend(emitted)

@@ -295,6 +295,38 @@ def resolve_model_dir(name_or_path: str) -> Path | str:
     )
 
 
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+    """Only the tokenizer: for a registered model not yet converted, it is read from the GGUF
+    alone (seconds, no weight conversion) and kept under ``$TOOLSPEC_HOME/tokenizers``.
+
+    Mutates: may create ``$TOOLSPEC_HOME/tokenizers/<name>``.
+    """
+    spec = REGISTRY.get(name_or_path)
+    if spec is None:
+        return AutoTokenizer.from_pretrained(resolve_model_dir(name_or_path))
+    home = toolspec_home()
+    if _is_converted(home / "models" / spec.name, spec):
+        return AutoTokenizer.from_pretrained(home / "models" / spec.name)
+    target = home / "tokenizers" / spec.name
+    if _is_converted(target, spec):
+        return AutoTokenizer.from_pretrained(target)
+    with _exclusive_lock(home / "tokenizers" / f".{spec.name}.lock"):
+        if not _is_converted(target, spec):
+            staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=home / "tokenizers"))
+            try:
+                assemble_gguf(spec, staging / spec.gguf_name)
+                tokenizer = AutoTokenizer.from_pretrained(staging, gguf_file=spec.gguf_name)
+                (staging / spec.gguf_name).unlink()
+                tokenizer.save_pretrained(staging)
+                (staging / _MARKER).write_text(json.dumps({"name": spec.name, "sha256": spec.sha256}))
+                if target.exists():
+                    shutil.rmtree(target)
+                staging.rename(target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(target)
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: torch.dtype | str | None = None,

@@ -1,28 +1,44 @@
 """The decoding methods a benchmark can compare, by name.
 
-Each factory builds a fresh drafter for one item; it receives plain decoding's output on that
-item (the oracle drafts it, the others ignore it).
+A method is built once per run (so a drafter can learn across items) and then asked for the
+drafter of each item, given plain decoding's output on that item (the oracle drafts it, the
+others ignore it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from toolspec.drafters import Drafter, NoDrafter, OracleDrafter, PromptLookupDrafter
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-DrafterFactory = Callable[[Sequence[int]], Drafter]
+from toolspec.drafters import Drafter, NoDrafter, OracleDrafter, PromptLookupDrafter
+from toolspec.drafters.schema import SchemaDrafter
+
+DrafterForItem = Callable[[Sequence[int]], Drafter]
+MethodBuilder = Callable[[PreTrainedTokenizerBase], DrafterForItem]
 
 BASELINE = "ar"
 
-METHODS: dict[str, DrafterFactory] = {
-    BASELINE: lambda ar_tokens: NoDrafter(),
-    "pld": lambda ar_tokens: PromptLookupDrafter(),
-    "oracle": lambda ar_tokens: OracleDrafter(ar_tokens),
+
+def _fresh(factory: Callable[[], Drafter]) -> MethodBuilder:
+    return lambda tokenizer: lambda ar_tokens: factory()
+
+
+def _schema(tokenizer: PreTrainedTokenizerBase) -> DrafterForItem:
+    drafter = SchemaDrafter(tokenizer, fallback=PromptLookupDrafter())
+    return lambda ar_tokens: drafter
+
+
+METHODS: dict[str, MethodBuilder] = {
+    BASELINE: _fresh(NoDrafter),
+    "pld": _fresh(PromptLookupDrafter),
+    "oracle": lambda tokenizer: OracleDrafter,
+    "toolspec-schema": _schema,
 }
 
 
 class UnknownMethodError(ValueError):
-    """A method name that no factory is registered for."""
+    """A method name that no builder is registered for."""
 
 
 def parse_methods(spec: str) -> list[str]:

@@ -17,10 +17,13 @@ from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
+from toolspec.budget import CostAwareBudget, DraftBudget
 from toolspec.bench.methods import BASELINE, METHODS
 from toolspec.datasets import BenchItem
 from toolspec.engine import Engine, Generation, GenerationParams
+from toolspec.cost_curve import cached_cost_model
 from toolspec.models import LoadedModel, dtype_name
+from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.target_model import TargetModel
 
 
@@ -41,12 +44,6 @@ class ItemResult:
     identical_to_ar: bool
     first_difference: int | None  # first position where the output differs from ar's
     ar_margin: float | None  # ar's top-1 minus top-2 logit at that position (near-tie if small)
-
-
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Token ids of ``messages`` rendered with the model's chat template, ready to generate."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -90,15 +87,18 @@ def run_items(
     if methods[0] != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
     ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
+    drafter_for = {method: METHODS[method](tokenizer) for method in methods}
     # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
-    engine.generate(chat_prompt_ids(tokenizer, items[0].messages), None,
+    engine.generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0], None,
                     GenerationParams(max_new_tokens=4))
     for item in tqdm(items, desc="items", unit="item", disable=not progress):
-        prompt = chat_prompt_ids(tokenizer, item.messages)
+        prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
         ar = engine.generate(prompt, None, ar_params)
         yield _item_result(item, BASELINE, ar, ar)
         for method in methods[1:]:
-            generation = engine.generate(prompt, METHODS[method](ar.tokens), params)
+            generation = engine.generate(prompt, drafter_for[method](ar.tokens), params,
+                                         tools=item.tools, call_format=call_format,
+                                         conversation=conversation_text(item.messages))
             yield _item_result(item, method, generation, ar)
 
 
@@ -176,5 +176,11 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def build_engine(loaded: LoadedModel, draft_budget: int) -> Engine:
-    return Engine(TargetModel(loaded.model), loaded.tokenizer, draft_budget=draft_budget)
+def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine:
+    """An engine whose trees follow this machine's cost curve, or a fixed node cap."""
+    budget: DraftBudget | int
+    if fixed_budget is None:
+        budget = CostAwareBudget(cached_cost_model(loaded))
+    else:
+        budget = fixed_budget
+    return Engine(TargetModel(loaded.model), loaded.tokenizer, budget=budget)

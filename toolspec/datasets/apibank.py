@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolspec.datasets.items import BenchItem, DatasetFormatError
+from toolspec.tools import ToolSchemaError, ToolSet
+
 SAMPLES = Path(__file__).parent / "samples"
-
-
-class DatasetFormatError(ValueError):
-    """A dataset file is not in the expected format; the message names the file and record."""
-
-
-@dataclass(frozen=True)
-class BenchItem:
-    id: str
-    messages: tuple[Mapping[str, str], ...]  # chat messages, ready for the chat template
-    reference_calls: tuple[Mapping[str, Any], ...]  # {"name": ..., "arguments": {...}}
 
 
 def sample_path(name: str = "apibank-level1-sample.json") -> Path:
@@ -57,6 +48,10 @@ def load_apibank(path: str | Path, limit: int | None = None) -> list[BenchItem]:
         missing = [key for key in ("system", "user", "answer") if key not in record]
         if missing:
             raise DatasetFormatError(f"{where}: missing {', '.join(missing)}")
+        try:
+            tools = ToolSet.from_apibank_prompt(record["system"])
+        except ToolSchemaError as error:
+            raise DatasetFormatError(f"{where}: {error}") from None
         items.append(BenchItem(
             id=f"{path.stem}-{index}",
             messages=(
@@ -64,5 +59,6 @@ def load_apibank(path: str | Path, limit: int | None = None) -> list[BenchItem]:
                 {"role": "user", "content": record["user"]},
             ),
             reference_calls=_reference_calls(record["answer"], where),
+            tools=tools if len(tools) else None,
         ))
     return items

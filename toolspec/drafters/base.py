@@ -12,13 +12,23 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from toolspec.draft_tree import DraftTree
+from toolspec.formats import CallFormat
+from toolspec.tools import ToolSet
 
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """What a drafter learns about a request when it starts."""
+    """What a drafter learns about a request when it starts.
+
+    ``tools`` and ``call_format`` are set for tool-calling requests: the tools the model may
+    call and the wire format its calls will be written in. ``conversation`` is the text of the
+    user-visible messages (what argument values are usually copied from).
+    """
 
     prompt_ids: tuple[int, ...]
+    tools: ToolSet | None = None
+    call_format: CallFormat | None = None
+    conversation: str = ""
 
 
 @runtime_checkable

@@ -1,0 +1,72 @@
+import pytest
+
+from toolspec.budget import AcceptanceCalibration, CostAwareBudget, CostModel, FixedBudget
+from toolspec.draft_tree import ROOT, DraftTree, WeightedDraft
+
+
+def test_cost_model_interpolates_and_extrapolates() -> None:
+    model = CostModel.from_timings({1: 0.1, 2: 0.11, 4: 0.2, 8: 0.24})
+    assert model.cost(1) == 1.0
+    assert model.cost(3) == pytest.approx(1.55)
+    assert model.cost(8) == pytest.approx(2.4)
+    assert model.cost(16) == pytest.approx(2.4 + 8 * 0.1)
+    with pytest.raises(ValueError):
+        CostModel((2, 4), (1.0, 2.0))
+
+
+def test_fixed_budget_keeps_the_first_nodes() -> None:
+    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([4], "b")])
+    assert FixedBudget(2).select(tree).tokens == (1, 2)
+    assert FixedBudget(9).select(tree) is tree
+
+
+def chain(length: int, prior: float, source: str = "s") -> DraftTree:
+    tokens = tuple(range(1, length + 1))
+    reach = tuple(prior ** (i + 1) for i in range(length))
+    return DraftTree.from_weighted([WeightedDraft(tokens, (source,) * length, reach)])
+
+
+def test_cheap_verification_takes_long_likely_chains() -> None:
+    budget = CostAwareBudget(CostModel.linear(0.01), calibration=AcceptanceCalibration(smoothing=1e9))
+    assert len(budget.select(chain(40, 0.99))) == 40
+
+
+def test_expensive_verification_takes_nothing_unlikely() -> None:
+    steep = CostModel.from_timings({1: 1.0, 2: 1.05, 4: 2.0, 64: 3.0})
+    budget = CostAwareBudget(steep, calibration=AcceptanceCalibration(smoothing=1e9))
+    assert len(budget.select(chain(10, 0.3))) == 1  # k=2 is nearly free: one node pays
+    assert len(budget.select(chain(10, 0.02))) == 0
+    # A certain chain pays for the jump in cost.
+    assert len(budget.select(chain(63, 0.995))) == 63
+
+
+def test_selection_is_always_a_connected_subtree() -> None:
+    drafts = [
+        WeightedDraft((1, 2, 3), ("s",) * 3, (0.6, 0.6, 0.6)),
+        WeightedDraft((1, 5), ("s", "s"), (0.6, 0.3)),
+        WeightedDraft((7, 8), ("t", "t"), (0.4, 0.35)),
+    ]
+    tree = DraftTree.from_weighted(drafts)
+    budget = CostAwareBudget(CostModel.linear(0.05), calibration=AcceptanceCalibration(smoothing=1e9))
+    selected = budget.select(tree)
+    assert all(parent == ROOT or parent < index for index, parent in enumerate(selected.parents))
+    assert len(selected) == len(tree)
+
+
+def test_calibration_learns_each_kind_of_nodes_acceptance() -> None:
+    calibration = AcceptanceCalibration(smoothing=1.0)
+    # "good" chains are right; "bad" is always wrong; "mixed" is right after its first token.
+    tree = DraftTree.from_sequences([([1, 2], "good"), ([3], "bad"), ([4, 5, 6], "mixed")])
+    truth_good = [0, 1]
+    for step in range(60):
+        calibration.observe(tree, accepted=truth_good)
+    mixed = DraftTree.from_sequences([([4, 5, 6], "mixed")])
+    for step in range(60):
+        calibration.observe(mixed, accepted=[0, 1, 2] if step % 4 == 0 else [])
+    rates = calibration.rates()
+    assert rates["good"] == pytest.approx(1.0) and rates["bad"] == 0.0
+    p_good, _, p_bad, p_first, p_inner, _ = calibration.probabilities(tree)
+    assert p_good == pytest.approx(0.995) and p_bad < 0.05
+    assert p_first < 0.35 and p_inner == pytest.approx(0.995)
+    fresh = DraftTree((7,), (ROOT,), ("unseen",), (0.8,))
+    assert calibration.probabilities(fresh) == [pytest.approx(0.8)]

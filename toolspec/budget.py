@@ -1,0 +1,174 @@
+"""How many draft nodes to verify per step: a fixed cap, or the tree that pays most on this hardware.
+
+Verifying k tokens costs ``cost(k)`` forward-steps (measured: ``toolspec bench cost-curve``). A
+step emits 1 + (expected accepted) tokens, where a node is accepted with the product of its and
+its ancestors' acceptance probabilities. ``CostAwareBudget`` keeps the prefix-closed set of nodes
+that maximises expected tokens per unit of verification time; acceptance probabilities are the
+drafters' priors, calibrated per draft source by what the model actually accepted so far.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from toolspec.draft_tree import ROOT, DraftTree
+
+
+class DraftBudget(Protocol):
+    max_nodes: int  # how many nodes to ask the drafter for
+    calibration: AcceptanceCalibration  # acceptance per draft source, learned online
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        """The part of ``tree`` to verify."""
+
+    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+        """Learn from a verified tree and its accepted nodes. Mutates: the budget's statistics."""
+
+
+CalibrationKey = tuple[str, int, bool]
+
+
+@dataclass
+class AcceptanceCalibration:
+    """Accepted nodes / the drafter's expected accepted nodes, smoothed, per kind of node.
+
+    A node's kind is its source, its prior's range, and whether it starts its source's run
+    (its parent is the root or another source's node): the first token a source adds after a
+    choice it did not see is far less certain than the tokens that follow it. Only nodes whose
+    parent was accepted count (the others were never put to the test).
+    """
+
+    smoothing: float = 2.0
+    accepted: dict[CalibrationKey, float] = field(default_factory=dict)
+    expected: dict[CalibrationKey, float] = field(default_factory=dict)
+
+    @staticmethod
+    def key(tree: DraftTree, node: int) -> CalibrationKey:
+        prior, parent, source = tree.priors[node], tree.parents[node], tree.sources[node]
+        band = 3 if prior >= 0.99 else 2 if prior >= 0.5 else 1 if prior >= 0.1 else 0
+        return source, band, parent == ROOT or tree.sources[parent] != source
+
+    def probabilities(self, tree: DraftTree) -> list[float]:
+        """Each node's calibrated probability of acceptance given its parent's."""
+        result = []
+        for node, prior in enumerate(tree.priors):
+            key = self.key(tree, node)
+            ratio = (self.accepted.get(key, 0.0) + self.smoothing) / (
+                self.expected.get(key, 0.0) + self.smoothing)
+            result.append(min(0.995, prior * ratio))
+        return result
+
+    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+        on_path = {ROOT, *accepted}
+        for node, parent in enumerate(tree.parents):
+            if parent in on_path:
+                key = self.key(tree, node)
+                self.expected[key] = self.expected.get(key, 0.0) + tree.priors[node]
+                self.accepted[key] = self.accepted.get(key, 0.0) + (node in on_path)
+
+    def rates(self) -> dict[str, float]:
+        """Accepted / expected per source (all kinds of its nodes together)."""
+        accepted: dict[str, float] = {}
+        expected: dict[str, float] = {}
+        for (source, _, _), value in self.expected.items():
+            expected[source] = expected.get(source, 0.0) + value
+        for (source, _, _), value in self.accepted.items():
+            accepted[source] = accepted.get(source, 0.0) + value
+        return {s: accepted.get(s, 0.0) / e for s, e in expected.items() if e}
+
+
+@dataclass
+class FixedBudget:
+    """The first ``max_nodes`` nodes of every tree, in tree order."""
+
+    max_nodes: int
+    calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        if len(tree) <= self.max_nodes:
+            return tree
+        return tree.subtree(range(self.max_nodes))
+
+    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+        self.calibration.observe(tree, accepted)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Relative cost of one verification forward over k tokens (root included); cost(1) = 1."""
+
+    sizes: tuple[int, ...]
+    relative: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError("cost sizes must be increasing and start at k = 1")
+
+    @classmethod
+    def from_timings(cls, timings: Mapping[int, float]) -> CostModel:
+        sizes = tuple(sorted(timings))
+        return cls(sizes, tuple(timings[k] / timings[sizes[0]] for k in sizes))
+
+    @classmethod
+    def linear(cls, per_token: float, up_to: int = 256) -> CostModel:
+        """cost(k) = 1 + per_token * (k - 1): a simple model for tests and first guesses."""
+        return cls((1, up_to), (1.0, 1.0 + per_token * (up_to - 1)))
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        """From the ``cost_curve.json`` written by ``toolspec bench cost-curve --out``."""
+        data = json.loads(Path(path).read_text())
+        return cls.from_timings({int(k): float(v) for k, v in data["seconds"].items()})
+
+    def cost(self, k: int) -> float:
+        """Piecewise-linear in k; past the last measured size, extrapolated with the last slope."""
+        index = bisect.bisect_left(self.sizes, k)
+        if index < len(self.sizes) and self.sizes[index] == k:
+            return self.relative[index]
+        if index == len(self.sizes):
+            if len(self.sizes) == 1:
+                return self.relative[0]
+            index -= 1
+        low, high = index - 1, index
+        span = self.sizes[high] - self.sizes[low]
+        slope = (self.relative[high] - self.relative[low]) / span
+        return self.relative[low] + slope * (k - self.sizes[low])
+
+
+@dataclass
+class CostAwareBudget:
+    """Verifies the subtree with the most expected tokens per unit of forward cost."""
+
+    cost: CostModel
+    max_nodes: int = 64
+    calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
+
+    def reach_probabilities(self, tree: DraftTree) -> list[float]:
+        """Probability that each node is accepted (it and all its ancestors)."""
+        reach: list[float] = []
+        for parent, probability in zip(tree.parents, self.calibration.probabilities(tree)):
+            reach.append(probability * (1.0 if parent == ROOT else reach[parent]))
+        return reach
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        if not len(tree):
+            return tree
+        reach = self.reach_probabilities(tree)
+        # Reach never grows along a path and ties go to the lower index (parents come first),
+        # so every prefix of this ranking is a connected subtree.
+        ranked = sorted(range(len(tree)), key=lambda node: (-reach[node], node))
+        best_count, best_rate, expected = 0, 1.0 / self.cost.cost(1), 1.0
+        for count, node in enumerate(ranked[: self.max_nodes], start=1):
+            expected += reach[node]
+            rate = expected / self.cost.cost(count + 1)
+            if rate > best_rate:
+                best_count, best_rate = count, rate
+        return tree.subtree(sorted(ranked[:best_count]))
+
+    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+        self.calibration.observe(tree, accepted)

@@ -1,0 +1,88 @@
+"""What verifying k tokens costs relative to one token, measured on this machine.
+
+The draft budget must follow this curve: on hardware where 32 tokens cost little more than one,
+big trees pay; where they cost several steps, only short, likely drafts do. Measured once per
+(model, dtype, machine) and cached under ``$TOOLSPEC_HOME/cost-curves``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from toolspec.bench.machine import describe_machine
+from toolspec.budget import CostModel
+from toolspec.draft_tree import DraftTree
+from toolspec.models import LoadedModel, dtype_name, toolspec_home
+from toolspec.target_model import TargetModel, commit_path
+
+# Dense at the small end, where CPU matmul kernels change regime (often between 3 and 4 rows).
+DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def measure_cost_curve(
+    model: TargetModel,
+    prefix_length: int = 300,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[int, float]:
+    """Median seconds of one verification forward over k tokens (root + k-1 draft nodes)."""
+    generator = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(100, model.vocab_size - 100, (prefix_length,), generator=generator)
+    cache = model.new_cache()
+    model.prefill(cache, prefix.tolist())
+    timings: dict[int, float] = {}
+    for size in sizes:
+        chain = torch.randint(100, model.vocab_size - 100, (size,), generator=generator).tolist()
+        tree = DraftTree.from_sequences([(chain[1:], "cost")])
+        samples = []
+        for _ in range(repeats + 1):  # the first run of each size warms kernels up
+            started = time.perf_counter()
+            model.forward_tree(cache, chain[0], tree)
+            samples.append(time.perf_counter() - started)
+            commit_path(cache, prefix_length, [])
+        timings[size] = statistics.median(samples[1:])
+    return timings
+
+
+def format_cost_curve(timings: dict[int, float]) -> str:
+    one = timings[min(timings)]
+    lines = [f"{'k':>5}{'ms':>10}{'x k=1':>8}", "-" * 23]
+    lines += [f"{k:>5}{t * 1000:>10.1f}{t / one:>8.2f}" for k, t in timings.items()]
+    return "\n".join(lines)
+
+
+# Enough sizes to place the regime changes; fewer repeats than the benchmark command.
+STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
+    """The cost curve of ``loaded`` on this machine, measured on first use and then cached.
+
+    Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures.
+    """
+    machine = describe_machine(loaded.device)
+    key = hashlib.sha256(f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}".encode()).hexdigest()
+    path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
+    if path.is_file() and not refresh:
+        return CostModel.load(path)
+    timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))
+    return CostModel.from_timings(timings)
+
+
+def cost_curve_document(loaded: LoadedModel, prefix: int, timings: dict[int, float]) -> dict:
+    one = timings[min(timings)]
+    return {
+        "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": prefix,
+        "machine": describe_machine(loaded.device),
+        "seconds": {str(k): t for k, t in timings.items()},
+        "relative": {str(k): t / one for k, t in timings.items()},
+    }

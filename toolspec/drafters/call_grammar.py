@@ -1,0 +1,440 @@
+"""What may come next in a tool call, as text: the schema half of the drafting FSM.
+
+Given the scanner's view of the output so far, ``CallGrammar.continuations`` lists candidate
+continuations, each written from the scanner's *anchor* (the end of the last completed JSON
+element) and made of segments that carry a source and a prior (the chance of that segment given
+the ones before it). Fixed schema text has prior 1; a choice among tool names, parameters, enum
+members or call endings splits the probability among the options. The caller drops the part the
+model has already typed (candidates that disagree with it are dropped entirely), so one code path
+serves "just after the colon", "half-way through a tool name" and "between parameters".
+
+Pure text; no tokenizer, no model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
+from toolspec.tools import Tool, ToolSet
+
+FIXED = "schema/fixed"
+OPEN = "schema/open"
+NAME = "schema/name"
+PARAM = "schema/param"
+VALUE = "schema/value"
+CLOSE = "schema/close"
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    source: str
+    prior: float = 1.0
+
+
+@dataclass(frozen=True)
+class TextDraft:
+    """One candidate continuation; ``ends_output`` means the end-of-sequence token follows it."""
+
+    segments: tuple[Segment, ...]
+    ends_output: bool = False
+
+    @cached_property
+    def text(self) -> str:
+        return "".join(segment.text for segment in self.segments)
+
+    @cached_property
+    def probability(self) -> float:
+        product = 1.0
+        for segment in self.segments:
+            product *= segment.prior
+        return product
+
+    def after(self, typed: str) -> TextDraft | None:
+        """This draft with ``typed`` (a prefix of its text) removed; None if it disagrees."""
+        if not self.text.startswith(typed):
+            return None
+        remaining, kept = len(typed), []
+        for segment in self.segments:
+            if remaining >= len(segment.text):
+                remaining -= len(segment.text)
+                # A choice already made by the model is no longer uncertain.
+                continue
+            kept.append(Segment(segment.text[remaining:], segment.source, segment.prior))
+            remaining = 0
+        return TextDraft(tuple(kept), self.ends_output)
+
+
+Branch = tuple[tuple[Segment, ...], bool]  # segments, ends_output
+
+
+@dataclass(frozen=True)
+class GrammarPriors:
+    """How probability is split at choice points (until learned statistics replace them)."""
+
+    next_required: float = 0.85  # the next required parameter in schema order
+    close_when_complete: float = 0.6  # closing the arguments once no required ones are left
+    another_call: float = 0.25  # one more call after a finished one
+    value_ends_here: float = 0.2  # a string or number value ends right after what is typed
+    copied_span: float = 0.3  # a string value continues as a span of the conversation
+    number_share: float = 0.5  # a numeric value is the first unused number of the conversation
+    string_share: float = 0.3  # a string value is the latest unused name/id/quote of the conversation
+
+
+class CallGrammar:
+    """Candidate continuations of a tool call in one format, for one tool set.
+
+    ``styles`` are the JSON spacings the model may use, with their probabilities;
+    ``openings`` the text before the first call (``block_open`` + ``call_open`` by default) and
+    ``closings`` the text after the last one (``call_close`` + ``block_close``).
+    """
+
+    def __init__(
+        self,
+        tools: ToolSet,
+        call_format: CallFormat,
+        openings: Sequence[tuple[str, float]] | None = None,
+        closings: Sequence[tuple[str, float]] | None = None,
+        priors: GrammarPriors = GrammarPriors(),
+        chained_choices: int = 2,
+        conversation: str = "",
+    ) -> None:
+        self.tools = tools
+        self.format = call_format
+        self.openings = tuple(openings or [(call_format.block_open + call_format.call_open, 1.0)])
+        self.closings = tuple(closings or [(call_format.call_close + call_format.block_close, 1.0)])
+        self.priors = priors
+        self.chained_choices = chained_choices  # how many choice points one branch runs through
+        self.conversation = conversation  # text that argument values may be copied from
+        self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
+        self._strings = _value_like_spans(conversation)
+        self._used_values: frozenset[str] = frozenset()
+        self._cache: dict[tuple, list[Branch]] = {}
+
+    # ---- entry point ----------------------------------------------------------------------
+
+    def continuations(self, scanner: CallScanner,
+                      styles: Sequence[tuple[JsonStyle, float]]) -> list[TextDraft]:
+        """Candidates written from ``scanner.anchor``, most of them stopping at a choice point
+        the grammar cannot resolve (a free-text value).
+
+        Mutates: a cache of the structural branches, keyed by the scanner's position.
+        """
+        numbers_written = set(_NUMBER.findall(scanner.text))
+        self._used_values = frozenset(
+            [n for n in self._numbers if n in numbers_written]
+            + [s for s in self._strings if f'"{_quoted_inner(s)}"' in scanner.text])
+        drafts: list[TextDraft] = []
+        for style, style_prior in styles:
+            key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
+                   scanner.arguments_open, bool(scanner.calls), scanner.parameter, style,
+                   self._used_values)
+            structural = self._cache.get(key)
+            if structural is None:
+                structural = self._cache[key] = self._branches(scanner, style)
+            for segments, ends in structural + self._typed_value_branches(scanner, style):
+                drafts.append(TextDraft(_scaled(segments, style_prior), ends))
+        return drafts
+
+    def _branches(self, scanner: CallScanner, style: JsonStyle) -> list[Branch]:
+        """Branches determined by the structural position alone (not by typed characters)."""
+        state = scanner.state
+        depth = self.chained_choices
+        if state is CallState.TEXT:
+            if scanner.calls:
+                return self._after_call(style, depth)
+            return [((Segment(text + "{", OPEN, prior), *rest), ends)
+                    for text, prior in self.openings
+                    for rest, ends in self._call_body(style, depth)]
+        if state in (CallState.OFF_FORMAT, CallState.VALUE_NESTED):
+            return []
+        keys = scanner.call_keys
+        tool = self.tools.get(scanner.tool_name) if scanner.tool_name else None
+        if not scanner.arguments_open:
+            if state is CallState.AFTER_ARGS:
+                return self._close_call(style, depth)
+            if not keys:
+                return self._call_body(style, depth)
+            if keys[-1] == "name" and scanner.tool_name is None:
+                return self._name_value(style, depth)
+            if keys[-1] == "name" and tool is not None:
+                return self._arguments(tool, style, depth)
+            if keys[-1] in scanner.arguments_keys and tool is not None:
+                return [((Segment(style.colon + "{", FIXED), *rest), ends)
+                        for rest, ends in self._parameters(tool, (), style, depth)]
+            return []
+        if tool is None:
+            return []
+        given = scanner.given_parameters
+        if state in (CallState.ARGS_START, CallState.PARAM_NAME):
+            if not given:
+                return self._parameters(tool, given, style, depth)
+            return self._after_value(tool, given, style, depth)
+        if state is CallState.AFTER_VALUE:
+            return self._after_value(tool, given, style, depth)
+        if state is CallState.AFTER_ARGS:
+            return self._close_call(style, depth)
+        if state in (CallState.PARAM_COLON, CallState.VALUE_STRING, CallState.VALUE_LITERAL):
+            schema = tool.properties.get(scanner.parameter or "", {})
+            return [((Segment(style.colon, FIXED), *rest), ends)
+                    for rest, ends in self._value(tool, schema, given, style, depth)]
+        return []
+
+    def _typed_value_branches(self, scanner: CallScanner, style: JsonStyle) -> list[Branch]:
+        """Branches that depend on the characters of the value being typed."""
+        state, partial = scanner.state, scanner.partial
+        tool = self.tools.get(scanner.tool_name) if scanner.tool_name else None
+        if tool is None or not partial:
+            return []
+        typed = scanner.text[scanner.anchor:]
+        given = scanner.given_parameters
+        depth = self.chained_choices
+        if state is CallState.VALUE_STRING:
+            return (self._value_ends_now(tool, given, typed, state, style, depth)
+                    + self._copied_spans(tool, given, typed, partial, style, depth))
+        if state is CallState.VALUE_LITERAL and partial[:1] in "-0123456789":
+            return self._value_ends_now(tool, given, typed, state, style, depth)
+        return []
+
+    # ---- grammar pieces (each returns branches written from the relevant anchor) ---------
+
+    def _call_body(self, style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after a call's ``{``: the name key, then the name."""
+        head = Segment('"name"', FIXED)
+        return [((head, *rest), ends) for rest, ends in self._name_value(style, depth)]
+
+    def _name_value(self, style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after the ``"name"`` key: every tool name, then its arguments."""
+        if not len(self.tools):
+            return []
+        share = 1.0 / len(self.tools)
+        branches: list[Branch] = []
+        for tool in self.tools:
+            head = (Segment(style.colon + '"', FIXED), Segment(_quoted_inner(tool.name), NAME, share),
+                    Segment('"', FIXED))
+            for rest, ends in self._arguments(tool, style, depth - 1):
+                branches.append(((*head, *rest), ends))
+        return branches
+
+    def _arguments(self, tool: Tool, style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after the tool name's closing quote."""
+        opener = Segment(f'{style.comma}"{self.format.arguments_key}"{style.colon}{{', FIXED)
+        if depth <= 0:
+            return [((opener,), False)]
+        return [((opener, *rest), ends) for rest, ends in self._parameters(tool, (), style, depth)]
+
+    def _parameters(self, tool: Tool, given: Sequence[str], style: JsonStyle,
+                    depth: int) -> list[Branch]:
+        """From just after ``{`` or a comma in the arguments: a parameter name, or the end."""
+        remaining = [name for name in tool.parameter_order() if name not in given]
+        required = [name for name in remaining if name in tool.required]
+        options: list[tuple[str | None, float]] = []
+        if required:
+            others = [name for name in remaining if name != required[0]]
+            first_share = self.priors.next_required if others else 1.0
+            options.append((required[0], first_share))
+            options += [(name, (1 - first_share) / len(others)) for name in others]
+        else:
+            close_share = self.priors.close_when_complete if remaining else 1.0
+            options.append((None, close_share))
+            options += [(name, (1 - close_share) / len(remaining)) for name in remaining]
+        branches: list[Branch] = []
+        for name, share in options:
+            if name is None:
+                for rest, ends in self._close_arguments(style, depth):
+                    branches.append((_scaled(rest, share), ends))
+                continue
+            head = Segment(f"{json.dumps(name, ensure_ascii=False)}", PARAM, share)
+            schema = tool.properties.get(name, {})
+            after_key = [((Segment(style.colon, FIXED), *rest), ends)
+                         for rest, ends in self._value(tool, schema, (*given, name), style,
+                                                       depth - 1)]
+            branches += [((head, *rest), ends) for rest, ends in after_key]
+        return branches
+
+    def _value(self, tool: Tool, schema: Mapping[str, Any], given: Sequence[str],
+               style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after a parameter's colon: what the schema says about its value.
+
+        ``given`` already includes the parameter."""
+        literals = _known_values(schema)
+        if literals:
+            share = 1.0 / len(literals)
+            branches: list[Branch] = []
+            for literal in literals:
+                value = Segment(json.dumps(literal, ensure_ascii=False), VALUE, share)
+                if depth <= 0:
+                    branches.append(((value,), False))
+                    continue
+                for rest, ends in self._after_value(tool, given, style, depth - 1):
+                    branches.append(((value, *rest), ends))
+            return branches
+        kind = _json_type(schema)
+        if kind == "string":
+            opener = Segment('"', FIXED)
+            branches = [((opener,), False)]
+            for span, share in self._conversation_strings() if depth > 0 else ():
+                value = Segment(_quoted_inner(span) + '"', VALUE, share)
+                branches += [((opener, value, *rest), ends)
+                             for rest, ends in self._after_value(tool, given, style, depth - 1)]
+            return branches
+        branches = [((), False)]  # a free value: the draft stops after the colon
+        if kind in ("integer", "number") and depth > 0:
+            for number, share in self._conversation_numbers(kind == "integer"):
+                value = Segment(number, VALUE, share)
+                branches += [((value, *rest), ends)
+                             for rest, ends in self._after_value(tool, given, style, depth - 1)]
+        return branches
+
+    def _conversation_strings(self) -> list[tuple[str, float]]:
+        """Likely string values from the conversation (quoted text, names, ids, dates) not yet
+        written in this output, most recent first, with geometrically decreasing priors."""
+        found = [span for span in self._strings if span not in self._used_values]
+        return [(span, self.priors.string_share * 0.5 ** i)
+                for i, span in enumerate(found[:_MAX_STRINGS])]
+
+    def _conversation_numbers(self, integers_only: bool) -> list[tuple[str, float]]:
+        """Numbers of the conversation not yet written in this output, in order of appearance,
+        with geometrically decreasing priors."""
+        found = [n for n in self._numbers
+                 if n not in self._used_values and not (integers_only and "." in n)]
+        return [(number, self.priors.number_share * 0.5 ** i)
+                for i, number in enumerate(found[:_MAX_NUMBERS])]
+
+    def _value_ends_now(self, tool: Tool, given: Sequence[str], typed: str, state: CallState,
+                        style: JsonStyle, depth: int) -> list[Branch]:
+        """The value being typed ends right here (copied to the end of what is typed)."""
+        closer = '"' if state is CallState.VALUE_STRING else ""
+        if typed.endswith("\\") and closer:
+            return []  # inside an escape: a quote here would be part of the string
+        head = Segment(typed + closer, VALUE, self.priors.value_ends_here)
+        return [((head, *rest), ends) for rest, ends in self._after_value(tool, given, style, depth)]
+
+    def _copied_spans(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
+                      style: JsonStyle, depth: int) -> list[Branch]:
+        """The string value is a span of the conversation that starts with what is typed."""
+        spans = _spans_starting_with(self.conversation, partial)
+        if not spans:
+            return []
+        share = self.priors.copied_span / len(spans)
+        branches: list[Branch] = []
+        for span in spans:
+            head = Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE, share)
+            branches += [((head, *rest), ends)
+                         for rest, ends in self._after_value(tool, given, style, depth)]
+        return branches
+
+    def _after_value(self, tool: Tool, given: Sequence[str], style: JsonStyle,
+                     depth: int) -> list[Branch]:
+        """From just after a parameter value: a comma and the next parameter, or the end."""
+        branches: list[Branch] = []
+        for rest, ends in self._parameters(tool, given, style, depth):
+            if rest and rest[0].source == CLOSE:
+                branches.append((rest, ends))  # closing needs no comma
+            else:
+                branches.append(((Segment(style.comma, FIXED), *rest), ends))
+        return branches
+
+    def _close_arguments(self, style: JsonStyle, depth: int) -> list[Branch]:
+        """From inside the arguments, once they are complete: ``}`` and the call's end."""
+        return [((Segment("}", CLOSE), *rest), ends) for rest, ends in self._close_call(style, depth)]
+
+    def _close_call(self, style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after the arguments' ``}``: the call's ``}``, then what follows the call."""
+        return [((Segment("}", CLOSE), *rest), ends) for rest, ends in self._after_call(style, depth)]
+
+    def _after_call(self, style: JsonStyle, depth: int) -> list[Branch]:
+        """From just after a call's ``}``: the end of the output, or another call."""
+        end_share = 1 - self.priors.another_call
+        branches: list[Branch] = [((Segment(text, CLOSE, end_share * prior),), True)
+                                  for text, prior in self.closings]
+        between = Segment(self.format.call_close + self.format.separator + self.format.call_open
+                          + "{", OPEN, self.priors.another_call)
+        if depth > 0:
+            branches += [((between, *rest), ends) for rest, ends in self._call_body(style, depth - 1)]
+        else:
+            branches.append(((between,), False))
+        return branches
+
+
+def _scaled(segments: Sequence[Segment], factor: float) -> tuple[Segment, ...]:
+    if not segments or factor == 1.0:
+        return tuple(segments)
+    first = segments[0]
+    return (Segment(first.text, first.source, first.prior * factor), *segments[1:])
+
+
+def _quoted_inner(text: str) -> str:
+    """``text`` as it appears between JSON quotes (escaped)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _json_type(schema: Mapping[str, Any]) -> str | None:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        return kinds[0] if len(kinds) == 1 else None
+    return kind if isinstance(kind, str) else None
+
+
+def _known_values(schema: Mapping[str, Any]) -> list[Any]:
+    """Values the schema pins down: ``enum`` / ``const`` members, booleans, null."""
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return list(schema["enum"])
+    kind = _json_type(schema)
+    if kind == "boolean":
+        return [True, False]
+    if kind == "null":
+        return [None]
+    return []
+
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+_MAX_NUMBERS = 4
+_MAX_STRINGS = 4
+# Spans that tend to be argument values: quoted text, capitalised names, tokens with digits
+# (ids, dates, times, emails).
+_VALUE_LIKE = re.compile(
+    r"\"([^\"\n]{1,60})\"|'([^'\n]{2,60})'"
+    r"|((?:(?:Dr|Mr|Mrs|Ms|Prof)\.\s?)?[A-Z][\w'&-]*(?:\s+[A-Z][\w'&-]*)*)"
+    r"|([\w.@:/+-]*\d[\w.@:/+-]*)"
+)
+
+
+def _value_like_spans(conversation: str) -> list[str]:
+    """Distinct value-like spans, the most recently mentioned first."""
+    spans: dict[str, int] = {}
+    for match in _VALUE_LIKE.finditer(conversation):
+        span = next(group for group in match.groups() if group is not None).strip().rstrip(".")
+        if len(span) >= 2:
+            spans[span] = match.start()
+    return sorted(spans, key=lambda span: -spans[span])
+_SPAN_STOPS = '"\n,;:!?()[]{}<>'
+_MAX_SPANS = 3
+
+
+def _spans_starting_with(conversation: str, partial: str, longest: int = 80) -> list[str]:
+    """Distinct spans of ``conversation`` that start with ``partial`` and run to a delimiter
+    (or to the end of the word), most recent first."""
+    spans: list[str] = []
+    at = conversation.rfind(partial)
+    while at >= 0 and len(spans) < _MAX_SPANS:
+        tail = conversation[at: at + longest]
+        stop = next((i for i, c in enumerate(tail) if i >= len(partial) and c in _SPAN_STOPS),
+                    len(tail))
+        phrase = tail[:stop].rstrip(" .")
+        word_end = next((i for i, c in enumerate(phrase) if i >= len(partial) and c == " "),
+                        len(phrase))
+        for span in (phrase, phrase[:word_end]):
+            if len(span) > len(partial) and span not in spans:
+                spans.append(span)
+        at = conversation.rfind(partial, 0, at)
+    return spans[:_MAX_SPANS]

@@ -1,0 +1,192 @@
+"""Offline simulator: replay known outputs through a drafter, with no model.
+
+The "model" accepts a draft token iff it equals the known next token, so a run over a data set
+takes seconds and reports what a drafter would achieve: MAT, how many tokens of each tool-call
+state (tool name, parameter name, value, ...) were accepted from drafts, and acceptance per draft
+source. Known outputs are the ground-truth calls rendered in the request's format (plus the
+end-of-sequence token), or outputs recorded by ``toolspec bench`` (``items.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.budget import CostModel, DraftBudget
+from toolspec.datasets import BenchItem
+from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.drafters.base import DraftRequest, Drafter
+from toolspec.formats import DEFAULT_STYLE, CallFormat, CallState, ToolCall
+from toolspec.prompts import chat_prompt, conversation_text
+
+
+@dataclass(frozen=True)
+class SimTarget:
+    id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    request: DraftRequest
+
+
+def reference_targets(tokenizer: PreTrainedTokenizerBase, items: Iterable[BenchItem],
+                      ) -> list[SimTarget]:
+    """Each item's ground-truth calls rendered in its format, then end-of-sequence."""
+    targets = []
+    for item in items:
+        prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
+        calls = [ToolCall(c["name"], c["arguments"]) for c in item.reference_calls]
+        text = call_format.render(calls, DEFAULT_STYLE)
+        output = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        targets.append(_target(item, prompt, output, call_format))
+    return targets
+
+
+def recorded_targets(tokenizer: PreTrainedTokenizerBase, items: Iterable[BenchItem],
+                     items_jsonl: Path, method: str = "ar") -> list[SimTarget]:
+    """The outputs ``toolspec bench`` recorded for ``method``, matched to items by id."""
+    recorded = {}
+    for line in Path(items_jsonl).read_text().splitlines():
+        row = json.loads(line)
+        if row["method"] == method:
+            recorded[row["item"]] = row["tokens"]
+    targets = []
+    for item in items:
+        if item.id in recorded:
+            prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
+            targets.append(_target(item, prompt, recorded[item.id], call_format))
+    return targets
+
+
+def _target(item: BenchItem, prompt: list[int], output: Sequence[int],
+            call_format: CallFormat) -> SimTarget:
+    request = DraftRequest(tuple(prompt), item.tools, call_format,
+                           conversation_text(item.messages))
+    return SimTarget(item.id, tuple(prompt), tuple(output), request)
+
+
+def token_states(tokenizer: PreTrainedTokenizerBase, output: Sequence[int],
+                 call_format: CallFormat) -> list[CallState]:
+    """The call state in which each output token is written (the state before it)."""
+    states = []
+    for position in range(len(output)):
+        scanner = call_format.scanner()
+        scanner.feed(tokenizer.decode(output[:position], skip_special_tokens=False).rstrip("\ufffd"))
+        states.append(scanner.state)
+    return states
+
+
+@dataclass
+class SimReport:
+    items: int = 0
+    steps: int = 0
+    emitted: int = 0
+    tokens_by_state: Counter[str] = field(default_factory=Counter)
+    drafted_by_state: Counter[str] = field(default_factory=Counter)
+    proposed_by_source: Counter[str] = field(default_factory=Counter)
+    accepted_by_source: Counter[str] = field(default_factory=Counter)
+    nodes_verified: int = 0
+    forward_cost: float = 0.0  # verification forwards, in units of one plain decoding step
+
+    @property
+    def mat(self) -> float:
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def estimated_speedup(self) -> float | None:
+        """Decode speed-up over plain decoding predicted by the cost curve (drafting time and
+        overheads not counted); None without a cost curve."""
+        return self.emitted / self.forward_cost if self.forward_cost else None
+
+    def as_dict(self) -> dict:
+        return {
+            "items": self.items,
+            "steps": self.steps,
+            "tokens": self.emitted,
+            "mat": self.mat,
+            "mean_nodes_per_step": self.nodes_verified / self.steps if self.steps else 0.0,
+            "estimated_speedup": self.estimated_speedup,
+            "acceptance_by_state": {
+                state: {"tokens": count, "drafted": self.drafted_by_state[state],
+                        "fraction": self.drafted_by_state[state] / count}
+                for state, count in sorted(self.tokens_by_state.items())
+            },
+            "acceptance_by_source": {
+                source: {"proposed": count, "accepted": self.accepted_by_source[source],
+                         "rate": self.accepted_by_source[source] / count}
+                for source, count in sorted(self.proposed_by_source.items())
+            },
+        }
+
+
+def simulate(
+    drafter: Drafter,
+    targets: Iterable[SimTarget],
+    budget: DraftBudget,
+    tokenizer: PreTrainedTokenizerBase,
+    cost: CostModel | None = None,
+) -> SimReport:
+    """Replay every target through ``drafter``; the first token comes from "prefill".
+
+    With a ``cost`` model the report also predicts the decode speed-up."""
+    report = SimReport()
+    for target in targets:
+        output = target.output_ids
+        if not output:
+            continue
+        states = token_states(tokenizer, output, target.request.call_format) \
+            if target.request.call_format is not None else [CallState.TEXT] * len(output)
+        drafter.start(target.request)
+        drafter.observe(output[:1])
+        context = [*target.prompt_ids, output[0]]
+        position = 1
+        while position < len(output):
+            room = min(budget.max_nodes, len(output) - position - 1)
+            tree = budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+            accepted: list[int] = []
+            node = ROOT
+            while position + len(accepted) < len(output):
+                child = tree.child(node, output[position + len(accepted)])
+                if child is None:
+                    break
+                accepted.append(child)
+                node = child
+            budget.observe(tree, accepted)
+            report.steps += 1
+            report.nodes_verified += len(tree)
+            if cost is not None:
+                report.forward_cost += cost.cost(len(tree) + 1)
+            report.proposed_by_source.update(tree.sources)
+            report.accepted_by_source.update(tree.sources[n] for n in accepted)
+            for offset in range(len(accepted)):
+                report.drafted_by_state[states[position + offset].value] += 1
+            emitted_count = min(len(accepted) + 1, len(output) - position)
+            emitted = output[position: position + emitted_count]
+            for offset in range(emitted_count):
+                report.tokens_by_state[states[position + offset].value] += 1
+            report.emitted += emitted_count
+            context.extend(emitted)
+            drafter.observe(emitted)
+            position += emitted_count
+        drafter.stop()
+        report.items += 1
+    return report
+
+
+def format_report(report: SimReport) -> str:
+    data = report.as_dict()
+    speedup = report.estimated_speedup
+    lines = [f"{data['items']} items, {data['tokens']} tokens, {data['steps']} steps: "
+             f"MAT {data['mat']:.2f}, {data['mean_nodes_per_step']:.1f} draft nodes per step"
+             + (f", estimated decode speed-up {speedup:.2f}x" if speedup else ""), "",
+             f"{'state':<16}{'tokens':>8}{'drafted':>9}{'share':>8}"]
+    for state, row in data["acceptance_by_state"].items():
+        lines.append(f"{state:<16}{row['tokens']:>8}{row['drafted']:>9}{row['fraction']:>8.1%}")
+    lines += ["", f"{'source':<16}{'proposed':>9}{'accepted':>9}{'rate':>8}"]
+    for source, row in data["acceptance_by_source"].items():
+        lines.append(f"{source:<16}{row['proposed']:>9}{row['accepted']:>9}{row['rate']:>8.1%}")
+    return "\n".join(lines)
