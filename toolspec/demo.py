@@ -16,19 +16,21 @@ def run_demo(model: str, dtype: str, count: int) -> int:
     loaded = load_model(model, dtype=dtype)
     items = load_apibank(sample_path(), limit=count)
     engine = build_engine(loaded)
-    methods = parse_methods("ar,pld")
+    methods = parse_methods("ar,pld,toolspec-schema")
     results = list(run_items(engine, loaded.tokenizer, items, methods,
                              GenerationParams(max_new_tokens=160), progress=False))
     by_item = {(r.item, r.method): r for r in results}
     for item in items:
-        ar, spec = by_item[item.id, "ar"], by_item[item.id, "pld"]
+        ar = by_item[item.id, "ar"]
         print(f"\n=== {item.id}")
-        print(f"expected call : {json.dumps(item.reference_calls[0])}")
-        print(f"model output  : {ar.text.strip()}")
-        verdict = "identical to plain decoding" if spec.identical_to_ar else "DIFFERENT"
-        speedup = (spec.decode_tokens / spec.decode_s) / (ar.decode_tokens / ar.decode_s)
-        print(f"speculative   : {verdict}; {spec.decode_tokens / spec.steps:.2f} tokens per step, "
-              f"decode {speedup:.2f}x faster")
+        print(f"expected call  : {json.dumps(item.reference_calls[0])}")
+        print(f"model output   : {ar.text.strip()}")
+        for method in methods[1:]:
+            spec = by_item[item.id, method]
+            verdict = "identical to plain decoding" if spec.identical_to_ar else "DIFFERENT"
+            speedup = (spec.decode_tokens / spec.decode_s) / (ar.decode_tokens / ar.decode_s)
+            print(f"{method:<15}: {verdict}; {spec.decode_tokens / spec.steps:.2f} tokens per "
+                  f"step, decode {speedup:.2f}x faster")
     print(f"\n{loaded.name} {dtype_name(loaded.dtype)}, {len(items)} items:")
     print(format_table(summarize(results, methods)))
     return 0

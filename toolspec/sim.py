@@ -129,6 +129,7 @@ def simulate(
     budget: DraftBudget,
     tokenizer: PreTrainedTokenizerBase,
     cost: CostModel | None = None,
+    max_new_tokens: int = 256,
 ) -> SimReport:
     """Replay every target through ``drafter``; the first token comes from "prefill".
 
@@ -145,7 +146,8 @@ def simulate(
         context = [*target.prompt_ids, output[0]]
         position = 1
         while position < len(output):
-            room = min(budget.max_nodes, len(output) - position - 1)
+            # Like the engine, drafting is capped by the token limit, not by the (unknown) end.
+            room = min(budget.max_nodes, max_new_tokens - position - 1)
             tree = budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
             accepted: list[int] = []
             node = ROOT

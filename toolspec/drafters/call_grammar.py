@@ -62,12 +62,13 @@ class TextDraft:
             return None
         remaining, kept = len(typed), []
         for segment in self.segments:
-            if remaining >= len(segment.text):
-                remaining -= len(segment.text)
-                # A choice already made by the model is no longer uncertain.
-                continue
-            kept.append(Segment(segment.text[remaining:], segment.source, segment.prior))
-            remaining = 0
+            if remaining == 0:
+                kept.append(segment)
+            elif remaining >= len(segment.text):
+                remaining -= len(segment.text)  # typed in full: the model already chose it
+            else:
+                kept.append(Segment(segment.text[remaining:], segment.source, segment.prior))
+                remaining = 0
         return TextDraft(tuple(kept), self.ends_output)
 
 
@@ -91,8 +92,8 @@ class CallGrammar:
     """Candidate continuations of a tool call in one format, for one tool set.
 
     ``styles`` are the JSON spacings the model may use, with their probabilities;
-    ``openings`` the text before the first call (``block_open`` + ``call_open`` by default) and
-    ``closings`` the text after the last one (``call_close`` + ``block_close``).
+    ``openings`` the text before the first call (``block_open`` + ``call_open`` by default);
+    what follows the last call is given per query, as it depends on how the output opened.
     """
 
     def __init__(
@@ -100,7 +101,6 @@ class CallGrammar:
         tools: ToolSet,
         call_format: CallFormat,
         openings: Sequence[tuple[str, float]] | None = None,
-        closings: Sequence[tuple[str, float]] | None = None,
         priors: GrammarPriors = GrammarPriors(),
         chained_choices: int = 2,
         conversation: str = "",
@@ -108,7 +108,7 @@ class CallGrammar:
         self.tools = tools
         self.format = call_format
         self.openings = tuple(openings or [(call_format.block_open + call_format.call_open, 1.0)])
-        self.closings = tuple(closings or [(call_format.call_close + call_format.block_close, 1.0)])
+        self.closings: tuple[tuple[str, float], ...] = ()
         self.priors = priors
         self.chained_choices = chained_choices  # how many choice points one branch runs through
         self.conversation = conversation  # text that argument values may be copied from
@@ -119,13 +119,19 @@ class CallGrammar:
 
     # ---- entry point ----------------------------------------------------------------------
 
-    def continuations(self, scanner: CallScanner,
-                      styles: Sequence[tuple[JsonStyle, float]]) -> list[TextDraft]:
+    def continuations(
+        self,
+        scanner: CallScanner,
+        styles: Sequence[tuple[JsonStyle, float]],
+        closings: Sequence[tuple[str, float]] | None = None,
+    ) -> list[TextDraft]:
         """Candidates written from ``scanner.anchor``, most of them stopping at a choice point
-        the grammar cannot resolve (a free-text value).
+        the grammar cannot resolve (a free-text value). ``styles`` are the JSON spacings to
+        draft in, ``closings`` what may follow the last call (both with probabilities).
 
         Mutates: a cache of the structural branches, keyed by the scanner's position.
         """
+        self.closings = tuple(closings or [(self.format.call_close + self.format.block_close, 1.0)])
         numbers_written = set(_NUMBER.findall(scanner.text))
         self._used_values = frozenset(
             [n for n in self._numbers if n in numbers_written]
@@ -134,7 +140,7 @@ class CallGrammar:
         for style, style_prior in styles:
             key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
                    scanner.arguments_open, bool(scanner.calls), scanner.parameter, style,
-                   self._used_values)
+                   self._used_values, self.closings)
             structural = self._cache.get(key)
             if structural is None:
                 structural = self._cache[key] = self._branches(scanner, style)

@@ -36,7 +36,9 @@ class StyleMemory:
     def __init__(self) -> None:
         self.styles: Counter[JsonStyle] = Counter()
         self.openings: dict[str, Counter[str]] = {}
-        self.closings: dict[str, Counter[str]] = {}
+        # Per format and opening: what followed the last call. A model that opened with the
+        # block's fence closes it; one that started with a bare object does not.
+        self.closings: dict[tuple[str, str], Counter[str]] = {}
 
     def style_of(self, text: str) -> JsonStyle | None:
         colon, comma = _COLON.search(text), _COMMA.search(text)
@@ -68,9 +70,13 @@ class StyleMemory:
         return self._options(self.openings.get(call_format.name),
                              call_format.block_open + call_format.call_open)
 
-    def closing_options(self, call_format: CallFormat) -> list[tuple[str, float]]:
-        return self._options(self.closings.get(call_format.name),
-                             call_format.call_close + call_format.block_close)
+    def closing_options(self, call_format: CallFormat, opening: str) -> list[tuple[str, float]]:
+        """What follows the last call of an output that began with ``opening``."""
+        fenced = bool(call_format.block_open.strip()) and call_format.block_open.strip() in opening
+        default = call_format.call_close + (call_format.block_close if fenced else "")
+        if not call_format.block_open.strip():
+            default = call_format.call_close + call_format.block_close
+        return self._options(self.closings.get((call_format.name, opening)), default)
 
     def learn(self, call_format: CallFormat, scanner: CallScanner) -> None:
         """Record the spacing, opening and closing of a finished output that held calls."""
@@ -85,8 +91,8 @@ class StyleMemory:
         if len(opening) <= _MAX_WRAPPER:
             self.openings.setdefault(call_format.name, Counter())[opening] += 1
         closing = scanner.text[last.end:]
-        if len(closing) <= _MAX_WRAPPER:
-            self.closings.setdefault(call_format.name, Counter())[closing] += 1
+        if len(opening) <= _MAX_WRAPPER and len(closing) <= _MAX_WRAPPER:
+            self.closings.setdefault((call_format.name, opening), Counter())[closing] += 1
 
 
 class SchemaDrafter:
@@ -132,7 +138,6 @@ class SchemaDrafter:
                 request.tools,
                 self._format,
                 openings=self.memory.opening_options(self._format),
-                closings=self.memory.closing_options(self._format),
                 chained_choices=self.chained_choices,
                 conversation=conversation,
             )
@@ -166,11 +171,15 @@ class SchemaDrafter:
     def text_drafts(self) -> list[TextDraft]:
         """The grammar's candidates for the current position, minus what is already typed."""
         scanner, grammar = self._scanner, self._grammar
-        if scanner is None or grammar is None:
+        if scanner is None or grammar is None or self._format is None:
             return []
         typed = scanner.text[scanner.anchor:]
         drafts = []
-        for draft in grammar.continuations(scanner, self.memory.style_options(scanner.text)):
+        opening = scanner.text[: scanner.first_call_start] \
+            if scanner.first_call_start is not None else scanner.text
+        closings = self.memory.closing_options(self._format, opening)
+        styles = self.memory.style_options(scanner.text)
+        for draft in grammar.continuations(scanner, styles, closings):
             remainder = draft.after(typed)
             if remainder is not None and (remainder.text or remainder.ends_output):
                 drafts.append(remainder)

@@ -186,6 +186,13 @@ class CallScanner:
     def inside_call(self) -> bool:
         return self._frame(_Role.CALL) is not None
 
+    @property
+    def first_call_start(self) -> int | None:
+        """Offset of the first call's ``{`` (or of the call list's ``[``), if one has begun."""
+        if self.calls:
+            return self.calls[0].start
+        return self._stack[0].start if self._stack else None
+
     # ---- the character machine ------------------------------------------------------------
 
     def _reset(self) -> None:
