@@ -105,3 +105,34 @@ def test_empty_arguments_and_malformed_output() -> None:
     scanner.feed(' and then {"name": "g", "arguments": {"b": 2}}')
     assert [c.name for c in scanner.calls] == ["g"]
     assert fmt.parse('{"name": 3, "arguments": {}}') == []
+
+
+# Outputs recorded from the default model (qwen2.5-coder-0.5b) on API-Bank level-1 prompts.
+REAL_OUTPUTS = [
+    '{"name": "EmergencyKnowledge", "parameters": {"symptom": "shortness of breath"}}',
+    '{"name": "AppointmentRegistration", "parameters": {"patient_name": "Emily Smith", '
+    '"date": "2023-10-15", "doctor_name": "Dr. John"}}',
+    '```<tool_call>\n{"name": "GetUserToken", "parameters": {"username": "JohnDoe", '
+    '"password": "pass123"}}\n</tool_call>\n```',
+]
+
+
+def test_state_sequences_of_real_model_outputs() -> None:
+    bare = ["call_start", "call_key", "call_colon", "tool_name", "after_name", "call_start",
+            "call_key", "call_colon", "args_start", "param_name", "param_colon", "value_string",
+            "after_value"]
+    assert states(REAL_OUTPUTS[0], "apibank") == [*bare, "after_args", "text"]
+    three_params = states(REAL_OUTPUTS[1], "apibank")
+    assert three_params.count("param_name") == 3 and three_params.count("value_string") == 3
+    assert states(REAL_OUTPUTS[2], "apibank")[:2] == ["text", "call_start"]
+    parsed = [get_format("apibank").parse(text) for text in REAL_OUTPUTS]
+    assert parsed[1] == [ToolCall("AppointmentRegistration", {
+        "patient_name": "Emily Smith", "date": "2023-10-15", "doctor_name": "Dr. John"})]
+    assert parsed[2] == [ToolCall("GetUserToken", {"username": "JohnDoe", "password": "pass123"})]
+
+
+def test_qwen_coder_style_fenced_json_with_preamble() -> None:
+    text = ('I will look that up.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            '\n```')
+    assert get_format("json").parse(text) == [ToolCall("get_weather", {"city": "Paris"})]
+    assert states(text, "json")[0] == "text" and states(text, "json")[-1] == "text"

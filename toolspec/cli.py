@@ -37,7 +37,8 @@ def _bench(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, dtype=args.dtype)
     engine = build_engine(loaded, args.budget)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    results = list(run_items(engine, loaded.tokenizer, items, methods, params))
+    results = list(run_items(engine, loaded.tokenizer, items, methods, params,
+                             call_format=_call_format(args.format)))
     summary = summarize(results, methods)
     document = results_document(loaded, len(items), summary, {
         "data": str(args.data), "draft_budget": args.budget or "auto",
@@ -74,6 +75,13 @@ def _cost_curve(args: argparse.Namespace) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         document = cost_curve_document(loaded, args.prefix, timings)
         (Path(args.out) / "cost_curve.json").write_text(json.dumps(document, indent=2))
+    if args.plot:
+        from toolspec.bench.plots import plot_cost_curves
+
+        curves = [cost_curve_document(loaded, args.prefix, timings)]
+        curves += [json.loads(Path(extra).read_text()) for extra in args.compare]
+        plot_cost_curves(curves, Path(args.plot))
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -88,8 +96,9 @@ def _sim(args: argparse.Namespace) -> int:
     parse_methods(method)
     tokenizer = load_tokenizer(args.model)
     items = load_dataset(args.data, args.limit)
-    targets = (recorded_targets(tokenizer, items, args.recorded) if args.recorded
-               else reference_targets(tokenizer, items))
+    call_format = _call_format(args.format)
+    targets = (recorded_targets(tokenizer, items, args.recorded, call_format=call_format)
+               if args.recorded else reference_targets(tokenizer, items, call_format))
     cost = CostModel.load(args.cost_curve) if args.cost_curve else None
     budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
     drafter = METHODS[method](tokenizer)(())
@@ -123,6 +132,19 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _call_format(name: str | None):
+    from toolspec.formats import get_format
+
+    return get_format(name) if name else None
+
+
+def _add_format_option(parser: argparse.ArgumentParser) -> None:
+    from toolspec.formats import FORMATS
+
+    parser.add_argument("--format", choices=list(FORMATS),
+                        help="the tool-call wire format (default: detected from each prompt)")
+
+
 def _budget(spec: str) -> int | None:
     """``auto`` → None (size trees to the measured cost curve); a number → a fixed node cap."""
     if spec == "auto":
@@ -152,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "each tree to this machine's measured cost curve")
     bench.add_argument("--max-new-tokens", type=int, default=192)
     bench.add_argument("--out", type=Path, help="write results.json and items.jsonl here")
+    _add_format_option(bench)
     bench.set_defaults(handler=_bench)
     bench_commands = bench.add_subparsers(dest="bench_command")
     cost = bench_commands.add_parser("cost-curve", help="forward cost of k tokens vs one token")
@@ -160,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--max-k", type=int, default=128)
     cost.add_argument("--repeats", type=int, default=5)
     cost.add_argument("--out", type=Path)
+    cost.add_argument("--plot", type=Path, help="write a PNG of the curve here")
+    cost.add_argument("--compare", type=Path, nargs="*", default=[],
+                      help="other cost_curve.json files to draw on the same plot")
     cost.set_defaults(handler=_cost_curve)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
@@ -173,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--recorded", type=Path,
                      help="items.jsonl from toolspec bench: replay its ar outputs")
     sim.add_argument("--json", type=Path, help="write the report here")
+    _add_format_option(sim)
     sim.set_defaults(handler=_sim)
 
     models = commands.add_parser("models", help="list the registered models")

@@ -14,14 +14,16 @@ def chat_prompt(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
+    call_format: CallFormat | None = None,
 ) -> tuple[list[int], CallFormat]:
-    """Prompt ids from the model's chat template, and the format its calls will take."""
+    """Prompt ids from the model's chat template, and the format its calls will take
+    (``call_format`` if given, else detected from the prompt and the template)."""
     text = tokenizer.apply_chat_template(
         list(messages), tools=list(tools) if tools else None, add_generation_prompt=True,
         tokenize=False,
     )
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return ids, detect_format(text, tokenizer.chat_template)
+    return ids, call_format or detect_format(text, tokenizer.chat_template)
 
 
 def conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:

@@ -34,20 +34,21 @@ class SimTarget:
 
 
 def reference_targets(tokenizer: PreTrainedTokenizerBase, items: Iterable[BenchItem],
-                      ) -> list[SimTarget]:
+                      call_format: CallFormat | None = None) -> list[SimTarget]:
     """Each item's ground-truth calls rendered in its format, then end-of-sequence."""
     targets = []
     for item in items:
-        prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
+        prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools, call_format)
         calls = [ToolCall(c["name"], c["arguments"]) for c in item.reference_calls]
-        text = call_format.render(calls, DEFAULT_STYLE)
+        text = item_format.render(calls, DEFAULT_STYLE)
         output = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        targets.append(_target(item, prompt, output, call_format))
+        targets.append(_target(item, prompt, output, item_format))
     return targets
 
 
 def recorded_targets(tokenizer: PreTrainedTokenizerBase, items: Iterable[BenchItem],
-                     items_jsonl: Path, method: str = "ar") -> list[SimTarget]:
+                     items_jsonl: Path, method: str = "ar",
+                     call_format: CallFormat | None = None) -> list[SimTarget]:
     """The outputs ``toolspec bench`` recorded for ``method``, matched to items by id."""
     recorded = {}
     for line in Path(items_jsonl).read_text().splitlines():
@@ -57,8 +58,9 @@ def recorded_targets(tokenizer: PreTrainedTokenizerBase, items: Iterable[BenchIt
     targets = []
     for item in items:
         if item.id in recorded:
-            prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
-            targets.append(_target(item, prompt, recorded[item.id], call_format))
+            prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools,
+                                              call_format)
+            targets.append(_target(item, prompt, recorded[item.id], item_format))
     return targets
 
 

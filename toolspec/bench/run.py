@@ -21,6 +21,7 @@ from toolspec.budget import CostAwareBudget, DraftBudget
 from toolspec.bench.methods import BASELINE, METHODS
 from toolspec.datasets import BenchItem
 from toolspec.engine import Engine, Generation, GenerationParams
+from toolspec.formats import CallFormat
 from toolspec.cost_curve import cached_cost_model
 from toolspec.models import LoadedModel, dtype_name
 from toolspec.prompts import chat_prompt, conversation_text
@@ -82,8 +83,11 @@ def run_items(
     methods: Sequence[str],
     params: GenerationParams,
     progress: bool = True,
+    call_format: CallFormat | None = None,
 ) -> Iterable[ItemResult]:
-    """Yield one result per (item, method), ``ar`` first for every item."""
+    """Yield one result per (item, method), ``ar`` first for every item.
+
+    ``call_format`` overrides the format detected from each prompt."""
     if methods[0] != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
     ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
@@ -92,12 +96,12 @@ def run_items(
     engine.generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0], None,
                     GenerationParams(max_new_tokens=4))
     for item in tqdm(items, desc="items", unit="item", disable=not progress):
-        prompt, call_format = chat_prompt(tokenizer, item.messages, item.openai_tools)
+        prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools, call_format)
         ar = engine.generate(prompt, None, ar_params)
         yield _item_result(item, BASELINE, ar, ar)
         for method in methods[1:]:
             generation = engine.generate(prompt, drafter_for[method](ar.tokens), params,
-                                         tools=item.tools, call_format=call_format,
+                                         tools=item.tools, call_format=item_format,
                                          conversation=conversation_text(item.messages))
             yield _item_result(item, method, generation, ar)
 
