@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from toolspec.bench.methods import UnknownMethodError
 from toolspec.datasets import DatasetFormatError
+from toolspec.library import LibraryError
 from toolspec.models import DEFAULT_MODEL, REGISTRY, ModelError
 
 
@@ -37,12 +41,17 @@ def _bench(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, dtype=args.dtype)
     engine = build_engine(loaded, args.budget)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    results = list(run_items(engine, loaded.tokenizer, items, methods, params,
-                             call_format=_call_format(args.format)))
+    with _library(args, methods) as library:
+        seeded = library.stats().calls if library is not None else None
+        results = list(run_items(engine, loaded.tokenizer, items, methods, params,
+                                 call_format=_call_format(args.format), library=library,
+                                 tenant=args.tenant))
     summary = summarize(results, methods)
     document = results_document(loaded, len(items), summary, {
         "data": str(args.data), "draft_budget": args.budget or "auto",
         "max_new_tokens": args.max_new_tokens,
+        "library": {"seeded_calls": seeded, "seed": str(args.seed_library)} if seeded is not None
+        else None,
         "acceptance_by_source": engine.budget.calibration.rates(),
     })
     print(f"{loaded.name} {document['dtype']}, {len(items)} items of {args.data}, "
@@ -86,7 +95,7 @@ def _cost_curve(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from toolspec.bench.methods import METHODS, parse_methods
+    from toolspec.bench.methods import METHODS, MethodSetup, parse_methods
     from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
     from toolspec.datasets import load_dataset
     from toolspec.models import load_tokenizer
@@ -101,8 +110,10 @@ def _sim(args: argparse.Namespace) -> int:
                if args.recorded else reference_targets(tokenizer, items, call_format))
     cost = CostModel.load(args.cost_curve) if args.cost_curve else None
     budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
-    drafter = METHODS[method](tokenizer)(())
-    report = simulate(drafter, targets, budget, tokenizer, cost)
+    with _library(args, [method]) as library:
+        drafter = METHODS[method](MethodSetup(tokenizer, library))(())
+        report = simulate(drafter, targets, budget, tokenizer, cost, library=library,
+                          tenant=args.tenant)
     print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "
           f"{'cost-aware budget' if args.cost_curve else f'budget {args.budget}'}")
     print(format_report(report))
@@ -130,6 +141,32 @@ def _models(args: argparse.Namespace) -> int:
             state = f"converted at {converted_dir(spec)}"
         print(f"{name:<22}{state}")
     return 0
+
+
+@contextmanager
+def _library(args: argparse.Namespace, methods: Sequence[str]) -> Iterator[Any]:
+    """The call library a run uses: ``--library DIR`` as it is, else (for retrieval methods) a
+    fresh one in a temporary directory — a cold start — seeded from ``--seed-library`` if given."""
+    from toolspec.bench.methods import RETRIEVAL_METHODS
+    from toolspec.library import CallLibrary
+
+    if not RETRIEVAL_METHODS.intersection(methods) and args.library is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="toolspec-library-") as scratch:
+        with CallLibrary(args.library or scratch) as library:
+            if args.seed_library:
+                library.import_file(args.seed_library, tenant=args.tenant)
+            yield library
+
+
+def _add_library_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--library", type=Path,
+                        help="call library directory for retrieval methods (default: a fresh, "
+                             "empty one per run: a cold start filled online in item order)")
+    parser.add_argument("--seed-library", type=Path,
+                        help="import these calls first (API-Bank JSON or JSON lines): a warm start")
+    parser.add_argument("--tenant", default="default", help="library tenant of the run's calls")
 
 
 def _call_format(name: str | None):
@@ -175,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=192)
     bench.add_argument("--out", type=Path, help="write results.json and items.jsonl here")
     _add_format_option(bench)
+    _add_library_options(bench)
     bench.set_defaults(handler=_bench)
     bench_commands = bench.add_subparsers(dest="bench_command")
     cost = bench_commands.add_parser("cost-curve", help="forward cost of k tokens vs one token")
@@ -200,7 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="items.jsonl from toolspec bench: replay its ar outputs")
     sim.add_argument("--json", type=Path, help="write the report here")
     _add_format_option(sim)
+    _add_library_options(sim)
     sim.set_defaults(handler=_sim)
+
+    from toolspec.library.cli import add_library_commands
+
+    add_library_commands(commands)
 
     models = commands.add_parser("models", help="list the registered models")
     models.add_argument("--prepare", choices=list(REGISTRY), help="convert this model now")
@@ -215,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("bench needs --data PATH (or the cost-curve subcommand)")
     try:
         return args.handler(args)
-    except (ModelError, DatasetFormatError, UnknownMethodError) as error:
+    except (ModelError, DatasetFormatError, UnknownMethodError, LibraryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -109,9 +109,10 @@ class Engine:
         tools: ToolSet | None = None,
         call_format: CallFormat | None = None,
         conversation: str = "",
+        tenant: str = "default",
     ) -> Generation:
-        """Generate after ``prompt_ids``; ``tools``, ``call_format`` and ``conversation`` (the
-        messages' text) inform the drafter."""
+        """Generate after ``prompt_ids``; ``tools``, ``call_format``, ``conversation`` (the
+        messages' text) and ``tenant`` (whose past calls may be drafted) inform the drafter."""
         drafter = drafter or NoDrafter()
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
@@ -124,7 +125,7 @@ class Engine:
         margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
         prefill_s = time.perf_counter() - started
 
-        drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation))
+        drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant))
         drafter.observe(generated)
         context = [*prompt_ids, *generated]
         decision = scanner.scan(generated, 1)

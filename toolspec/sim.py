@@ -22,6 +22,7 @@ from toolspec.datasets import BenchItem
 from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.formats import DEFAULT_STYLE, CallFormat, CallState, ToolCall
+from toolspec.library import CallLibrary
 from toolspec.prompts import chat_prompt, conversation_text
 
 
@@ -132,10 +133,14 @@ def simulate(
     tokenizer: PreTrainedTokenizerBase,
     cost: CostModel | None = None,
     max_new_tokens: int = 256,
+    library: CallLibrary | None = None,
+    tenant: str = "default",
 ) -> SimReport:
     """Replay every target through ``drafter``; the first token comes from "prefill".
 
-    With a ``cost`` model the report also predicts the decode speed-up."""
+    With a ``cost`` model the report also predicts the decode speed-up. With a ``library``, each
+    target's calls are added to it after the target (a cold start filled in order). Mutates:
+    ``drafter``, ``budget`` and ``library``."""
     report = SimReport()
     for target in targets:
         output = target.output_ids
@@ -178,6 +183,12 @@ def simulate(
             position += emitted_count
         drafter.stop()
         report.items += 1
+        if library is not None and target.request.call_format is not None:
+            text = tokenizer.decode(output, skip_special_tokens=True)
+            offered = set(target.request.tools.names) if target.request.tools else set()
+            for call in target.request.call_format.parse(text):
+                if call.name in offered:
+                    library.add(call, tenant)
     return report
 
 

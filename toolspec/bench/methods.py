@@ -2,39 +2,68 @@
 
 A method is built once per run (so a drafter can learn across items) and then asked for the
 drafter of each item, given plain decoding's output on that item (the oracle drafts it, the
-others ignore it).
+others ignore it). Library-backed methods share the run's call library, which the benchmark
+itself fills after each item (so no method ever sees the current item's own call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters import Drafter, NoDrafter, OracleDrafter, PromptLookupDrafter
+from toolspec.drafters.retrieval import RetrievalDrafter, ToolSpecDrafter
 from toolspec.drafters.schema import SchemaDrafter
+from toolspec.library import CallLibrary
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    tokenizer: PreTrainedTokenizerBase
+    library: CallLibrary | None = None
+
 
 DrafterForItem = Callable[[Sequence[int]], Drafter]
-MethodBuilder = Callable[[PreTrainedTokenizerBase], DrafterForItem]
+MethodBuilder = Callable[[MethodSetup], DrafterForItem]
 
 BASELINE = "ar"
 
 
+class MissingLibraryError(ValueError):
+    """A retrieval method was asked for without a call library."""
+
+
 def _fresh(factory: Callable[[], Drafter]) -> MethodBuilder:
-    return lambda tokenizer: lambda ar_tokens: factory()
+    return lambda setup: lambda ar_tokens: factory()
 
 
-def _schema(tokenizer: PreTrainedTokenizerBase) -> DrafterForItem:
-    drafter = SchemaDrafter(tokenizer, fallback=PromptLookupDrafter())
-    return lambda ar_tokens: drafter
+def _persistent(factory: Callable[[MethodSetup], Drafter]) -> MethodBuilder:
+    def build(setup: MethodSetup) -> DrafterForItem:
+        drafter = factory(setup)
+        return lambda ar_tokens: drafter
+    return build
+
+
+def _library(setup: MethodSetup) -> CallLibrary:
+    if setup.library is None:
+        raise MissingLibraryError("retrieval methods need a call library (--library DIR)")
+    return setup.library
 
 
 METHODS: dict[str, MethodBuilder] = {
     BASELINE: _fresh(NoDrafter),
     "pld": _fresh(PromptLookupDrafter),
-    "oracle": lambda tokenizer: OracleDrafter,
-    "toolspec-schema": _schema,
+    "oracle": lambda setup: OracleDrafter,
+    "toolspec-schema": _persistent(lambda s: SchemaDrafter(s.tokenizer, PromptLookupDrafter())),
+    # The benchmark fills the library itself (learn=False), after every method ran on an item.
+    "toolspec-retrieval": _persistent(lambda s: RetrievalDrafter(
+        s.tokenizer, _library(s), PromptLookupDrafter(), learn=False)),
+    "toolspec": _persistent(lambda s: ToolSpecDrafter(
+        s.tokenizer, _library(s), PromptLookupDrafter(), learn=False)),
 }
+RETRIEVAL_METHODS = frozenset({"toolspec-retrieval", "toolspec"})
 
 
 class UnknownMethodError(ValueError):

@@ -18,10 +18,11 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
 from toolspec.budget import CostAwareBudget, DraftBudget
-from toolspec.bench.methods import BASELINE, METHODS
+from toolspec.bench.methods import BASELINE, METHODS, MethodSetup
 from toolspec.datasets import BenchItem
 from toolspec.engine import Engine, Generation, GenerationParams
-from toolspec.formats import CallFormat
+from toolspec.formats import CallFormat, ToolCall
+from toolspec.library import CallLibrary
 from toolspec.cost_curve import cached_cost_model
 from toolspec.models import LoadedModel, dtype_name
 from toolspec.prompts import chat_prompt, conversation_text
@@ -45,6 +46,7 @@ class ItemResult:
     identical_to_ar: bool
     first_difference: int | None  # first position where the output differs from ar's
     ar_margin: float | None  # ar's top-1 minus top-2 logit at that position (near-tie if small)
+    library_calls: int | None = None  # calls stored in the run's library when the item began
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -54,7 +56,8 @@ def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | Non
     return None if len(ours) == len(reference) else min(len(ours), len(reference))
 
 
-def _item_result(item: BenchItem, method: str, generation: Generation, ar: Generation) -> ItemResult:
+def _item_result(item: BenchItem, method: str, generation: Generation, ar: Generation,
+                 library_calls: int | None) -> ItemResult:
     difference = first_difference(generation.tokens, ar.tokens)
     margin = None
     if difference is not None and ar.margins is not None and difference < len(ar.margins):
@@ -73,6 +76,7 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
         identical_to_ar=difference is None,
         first_difference=difference,
         ar_margin=margin,
+        library_calls=library_calls,
     )
 
 
@@ -84,26 +88,45 @@ def run_items(
     params: GenerationParams,
     progress: bool = True,
     call_format: CallFormat | None = None,
+    library: CallLibrary | None = None,
+    tenant: str = "default",
 ) -> Iterable[ItemResult]:
     """Yield one result per (item, method), ``ar`` first for every item.
 
-    ``call_format`` overrides the format detected from each prompt."""
+    ``call_format`` overrides the format detected from each prompt. With a ``library``, the
+    calls plain decoding produced on an item are added to it once every method has run on that
+    item (a cold start fills it online, in item order). Mutates: ``library``.
+    """
     if methods[0] != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
     ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
-    drafter_for = {method: METHODS[method](tokenizer) for method in methods}
+    setup = MethodSetup(tokenizer, library)
+    drafter_for = {method: METHODS[method](setup) for method in methods}
     # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
     engine.generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0], None,
                     GenerationParams(max_new_tokens=4))
     for item in tqdm(items, desc="items", unit="item", disable=not progress):
         prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools, call_format)
+        stored = library.stats().calls if library is not None else None
         ar = engine.generate(prompt, None, ar_params)
-        yield _item_result(item, BASELINE, ar, ar)
+        yield _item_result(item, BASELINE, ar, ar, stored)
         for method in methods[1:]:
             generation = engine.generate(prompt, drafter_for[method](ar.tokens), params,
                                          tools=item.tools, call_format=item_format,
-                                         conversation=conversation_text(item.messages))
-            yield _item_result(item, method, generation, ar)
+                                         conversation=conversation_text(item.messages),
+                                         tenant=tenant)
+            yield _item_result(item, method, generation, ar, stored)
+        if library is not None:
+            remember_calls(library, item, item_format.parse(ar.text), tenant)
+
+
+def remember_calls(library: CallLibrary, item: BenchItem, calls: Sequence[ToolCall],
+                   tenant: str) -> None:
+    """Add the calls the model produced on ``item`` (to tools it offers) to ``library``."""
+    offered = set(item.tools.names) if item.tools is not None else set()
+    for call in calls:
+        if call.name in offered:
+            library.add(call, tenant)
 
 
 def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -22,13 +22,15 @@ class DraftRequest:
 
     ``tools`` and ``call_format`` are set for tool-calling requests: the tools the model may
     call and the wire format its calls will be written in. ``conversation`` is the text of the
-    user-visible messages (what argument values are usually copied from).
+    user-visible messages (what argument values are usually copied from). ``tenant`` names whose
+    past calls may be drafted (libraries keep tenants apart).
     """
 
     prompt_ids: tuple[int, ...]
     tools: ToolSet | None = None
     call_format: CallFormat | None = None
     conversation: str = ""
+    tenant: str = "default"
 
 
 @runtime_checkable

@@ -92,22 +92,21 @@ class CallGrammar:
     """Candidate continuations of a tool call in one format, for one tool set.
 
     ``styles`` are the JSON spacings the model may use, with their probabilities;
-    ``openings`` the text before the first call (``block_open`` + ``call_open`` by default);
-    what follows the last call is given per query, as it depends on how the output opened.
+    The text before the first call and after the last one is given per query: it is learned
+    from the model and, after the last call, depends on how the output opened.
     """
 
     def __init__(
         self,
         tools: ToolSet,
         call_format: CallFormat,
-        openings: Sequence[tuple[str, float]] | None = None,
         priors: GrammarPriors = GrammarPriors(),
         chained_choices: int = 2,
         conversation: str = "",
     ) -> None:
         self.tools = tools
         self.format = call_format
-        self.openings = tuple(openings or [(call_format.block_open + call_format.call_open, 1.0)])
+        self.openings: tuple[tuple[str, float], ...] = ()
         self.closings: tuple[tuple[str, float], ...] = ()
         self.priors = priors
         self.chained_choices = chained_choices  # how many choice points one branch runs through
@@ -123,15 +122,19 @@ class CallGrammar:
         self,
         scanner: CallScanner,
         styles: Sequence[tuple[JsonStyle, float]],
+        openings: Sequence[tuple[str, float]] | None = None,
         closings: Sequence[tuple[str, float]] | None = None,
     ) -> list[TextDraft]:
         """Candidates written from ``scanner.anchor``, most of them stopping at a choice point
         the grammar cannot resolve (a free-text value). ``styles`` are the JSON spacings to
-        draft in, ``closings`` what may follow the last call (both with probabilities).
+        draft in; ``openings`` what may precede the first call and ``closings`` what may follow
+        the last one (all with probabilities; the format's own text by default).
 
         Mutates: a cache of the structural branches, keyed by the scanner's position.
         """
-        self.closings = tuple(closings or [(self.format.call_close + self.format.block_close, 1.0)])
+        fmt = self.format
+        self.openings = tuple(openings or [(fmt.block_open + fmt.call_open, 1.0)])
+        self.closings = tuple(closings or [(fmt.call_close + fmt.block_close, 1.0)])
         numbers_written = set(_NUMBER.findall(scanner.text))
         self._used_values = frozenset(
             [n for n in self._numbers if n in numbers_written]
@@ -140,7 +143,7 @@ class CallGrammar:
         for style, style_prior in styles:
             key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
                    scanner.arguments_open, bool(scanner.calls), scanner.parameter, style,
-                   self._used_values, self.closings)
+                   self._used_values, self.openings, self.closings)
             structural = self._cache.get(key)
             if structural is None:
                 structural = self._cache[key] = self._branches(scanner, style)

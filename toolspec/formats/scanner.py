@@ -187,6 +187,12 @@ class CallScanner:
         return self._frame(_Role.CALL) is not None
 
     @property
+    def current_call_start(self) -> int | None:
+        """Offset of the ``{`` of the call being written, if one is open."""
+        call = self._frame(_Role.CALL)
+        return call.start if call else None
+
+    @property
     def first_call_start(self) -> int | None:
         """Offset of the first call's ``{`` (or of the call list's ``[``), if one has begun."""
         if self.calls:

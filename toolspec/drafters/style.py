@@ -1,0 +1,81 @@
+"""What the model has been seen to write around its calls, remembered across requests.
+
+Its JSON spacing (``{"a": 1}`` vs ``{"a":1}``), the text before its first call and the text after
+its last one. Drafts follow these habits instead of the format's textbook rendering.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, CallFormat, CallScanner, JsonStyle
+
+_COLON = re.compile(r'"name"(\s*):(\s*)"')
+_COMMA = re.compile(r'"(\s*),(\s*)"')
+_MAX_WRAPPER = 40
+
+
+class StyleMemory:
+    """What the model has been seen to write, across requests. Mutates: its counters."""
+
+    def __init__(self) -> None:
+        self.styles: Counter[JsonStyle] = Counter()
+        self.openings: dict[str, Counter[str]] = {}
+        # Per format and opening: what followed the last call. A model that opened with the
+        # block's fence closes it; one that started with a bare object does not.
+        self.closings: dict[tuple[str, str], Counter[str]] = {}
+
+    def style_of(self, text: str) -> JsonStyle | None:
+        colon, comma = _COLON.search(text), _COMMA.search(text)
+        if colon is None:
+            return None
+        colon_text = colon.group(1) + ":" + colon.group(2)
+        comma_text = (comma.group(1) + "," + comma.group(2)) if comma else (
+            DEFAULT_STYLE.comma if colon_text == DEFAULT_STYLE.colon else COMPACT_STYLE.comma)
+        return JsonStyle(colon_text, comma_text)
+
+    def style_options(self, current_text: str) -> list[tuple[JsonStyle, float]]:
+        """The style seen in this output, else the styles seen before, else both common ones."""
+        seen = self.style_of(current_text)
+        if seen is not None:
+            return [(seen, 1.0)]
+        if self.styles:
+            total = sum(self.styles.values())
+            return [(style, count / total) for style, count in self.styles.most_common(2)]
+        return [(DEFAULT_STYLE, 0.7), (COMPACT_STYLE, 0.3)]
+
+    @staticmethod
+    def _options(counter: Counter[str] | None, default: str) -> list[tuple[str, float]]:
+        if not counter:
+            return [(default, 1.0)]
+        total = sum(counter.values())
+        return [(text, count / total) for text, count in counter.most_common(3)]
+
+    def opening_options(self, call_format: CallFormat) -> list[tuple[str, float]]:
+        return self._options(self.openings.get(call_format.name),
+                             call_format.block_open + call_format.call_open)
+
+    def closing_options(self, call_format: CallFormat, opening: str) -> list[tuple[str, float]]:
+        """What follows the last call of an output that began with ``opening``."""
+        fenced = bool(call_format.block_open.strip()) and call_format.block_open.strip() in opening
+        default = call_format.call_close + (call_format.block_close if fenced else "")
+        if not call_format.block_open.strip():
+            default = call_format.call_close + call_format.block_close
+        return self._options(self.closings.get((call_format.name, opening)), default)
+
+    def learn(self, call_format: CallFormat, scanner: CallScanner) -> None:
+        """Record the spacing, opening and closing of a finished output that held calls."""
+        if not scanner.calls:
+            return
+        style = self.style_of(scanner.text)
+        if style is not None:
+            self.styles[style] += 1
+        first, last = scanner.calls[0], scanner.calls[-1]
+        # Short wrappers only: a long preamble is prose, not a habit worth drafting.
+        opening = scanner.text[: first.start]
+        if len(opening) <= _MAX_WRAPPER:
+            self.openings.setdefault(call_format.name, Counter())[opening] += 1
+        closing = scanner.text[last.end:]
+        if len(opening) <= _MAX_WRAPPER and len(closing) <= _MAX_WRAPPER:
+            self.closings.setdefault((call_format.name, opening), Counter())[closing] += 1

@@ -1,0 +1,204 @@
+"""The tool-call drafter: candidate continuations from several sources, tokenized in context.
+
+Per step it reads the output so far through the format's incremental scanner, asks each
+``CandidateSource`` (the schema grammar, the call library) for candidate continuations as text,
+turns each into the token ids the model's tokenizer would produce in context
+(``TokenContinuer``), and merges them into one weighted trie. A generic drafter (prompt lookup by
+default) adds its own branches for what the sources cannot predict — free-text values and prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.draft_tree import DraftTree, WeightedDraft
+from toolspec.drafters.base import DraftRequest, Drafter
+from toolspec.drafters.call_grammar import CLOSE, Segment, TextDraft
+from toolspec.drafters.style import StyleMemory
+from toolspec.formats import CallFormat, CallScanner, JsonStyle
+from toolspec.token_continuation import TokenContinuer
+
+
+class OutputTracker:
+    """The request's output so far: token ids, and the call scanner over their decoded text.
+
+    Mutates: both, on ``extend``.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, call_format: CallFormat) -> None:
+        self.tokenizer = tokenizer
+        self.call_format = call_format
+        self.scanner = call_format.scanner()
+        self.generated: list[int] = []
+
+    def extend(self, ids: Sequence[int]) -> None:
+        self.generated.extend(ids)
+        text = self.tokenizer.decode(self.generated, skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+        # A token can end inside a multi-byte character; wait for the rest of it.
+        text = text.rstrip("\ufffd")
+        if not text.startswith(self.scanner.text):
+            self.scanner = self.call_format.scanner()  # the decoded text changed: rescan
+        self.scanner.feed(text[len(self.scanner.text):])
+
+
+@dataclass(frozen=True)
+class DraftingView:
+    """What the sources see at one step."""
+
+    scanner: CallScanner
+    call_format: CallFormat
+    styles: Sequence[tuple[JsonStyle, float]]  # JSON spacings to draft in, with probabilities
+    closings: Sequence[tuple[str, float]]  # what may follow the last call
+    opening_options: Sequence[tuple[str, float]]  # what may precede the first call
+
+
+class CandidateSource(Protocol):
+    """Proposes text continuations written from ``view.scanner.anchor``."""
+
+    name: str
+
+    def start(self, request: DraftRequest, conversation: str) -> None:
+        """Begin a request. Mutates: the source's per-request state."""
+
+    def candidates(self, view: DraftingView) -> list[TextDraft]:
+        """Candidates with probabilities summing to at most 1."""
+
+    def finish(self, request: DraftRequest, scanner: CallScanner) -> None:
+        """The request's output is complete. May mutate shared state (e.g. a call library)."""
+
+
+class ToolCallDrafter:
+    """Drafts tool calls from candidate ``sources`` over a generic ``fallback`` drafter.
+
+    When several sources propose, their candidates are mixed with equal weight. The
+    ``eos_token_id`` is drafted after a call block that ends the output. Mutates: per-request
+    state and the cross-request ``StyleMemory``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sources: Sequence[CandidateSource],
+        fallback: Drafter | None = None,
+        eos_token_id: int | None = None,
+        max_candidates: int = 48,
+        name: str = "toolspec",
+    ) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self.sources = tuple(sources)
+        self.continuer = TokenContinuer(tokenizer)
+        self.fallback = fallback
+        self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+        self.max_candidates = max_candidates
+        self.memory = StyleMemory()
+        self._request: DraftRequest | None = None
+        self._tracker: OutputTracker | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self, request: DraftRequest) -> None:
+        self._request = request
+        self._tracker = None
+        if request.tools is not None and request.call_format is not None:
+            self._tracker = OutputTracker(self.tokenizer, request.call_format)
+            conversation = request.conversation or self.tokenizer.decode(
+                request.prompt_ids, skip_special_tokens=True)
+            for source in self.sources:
+                source.start(request, conversation)
+        if self.fallback is not None:
+            self.fallback.start(request)
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        if self._tracker is not None:
+            self._tracker.extend(emitted)
+        if self.fallback is not None:
+            self.fallback.observe(emitted)
+
+    def stop(self) -> None:
+        if self._tracker is not None and self._request is not None:
+            self.memory.learn(self._tracker.call_format, self._tracker.scanner)
+            for source in self.sources:
+                source.finish(self._request, self._tracker.scanner)
+        if self.fallback is not None:
+            self.fallback.stop()
+        self._tracker = None
+        self._request = None
+
+    @property
+    def scanner(self) -> CallScanner | None:
+        """The current request's scanner (read-only use: statistics, tests)."""
+        return self._tracker.scanner if self._tracker is not None else None
+
+    # ---- drafting -------------------------------------------------------------------------
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        weighted = [w for w in (self._tokens(d, context) for d in self.text_drafts()) if w]
+        tree = DraftTree.from_weighted(weighted, budget)
+        if self.fallback is not None and len(tree) < budget:
+            tree = tree.merge(self.fallback.propose(context, budget), budget)
+        return tree
+
+    def text_drafts(self) -> list[TextDraft]:
+        """Every source's candidates for the current position, minus what is already typed."""
+        if self._tracker is None:
+            return []
+        scanner, call_format = self._tracker.scanner, self._tracker.call_format
+        opening = scanner.text[: scanner.first_call_start] \
+            if scanner.first_call_start is not None else scanner.text
+        view = DraftingView(
+            scanner=scanner,
+            call_format=call_format,
+            styles=self.memory.style_options(scanner.text),
+            closings=self.memory.closing_options(call_format, opening),
+            opening_options=self.memory.opening_options(call_format),
+        )
+        typed = scanner.text[scanner.anchor:]
+        proposals = [source.candidates(view) for source in self.sources]
+        share = 1.0 / max(1, sum(1 for p in proposals if p))
+        drafts = []
+        for candidates in proposals:
+            for draft in candidates:
+                remainder = draft.after(typed)
+                if remainder is not None and (remainder.text or remainder.ends_output):
+                    drafts.append(_scaled(remainder, share))
+        drafts.sort(key=lambda d: -d.probability)
+        return drafts[: self.max_candidates]
+
+    def _tokens(self, draft: TextDraft, context: Sequence[int]) -> WeightedDraft | None:
+        """Token ids of ``draft`` in context, each with its source and reach probability."""
+        tokenized = self.continuer.continue_ids(context, draft.text)
+        boundaries: list[tuple[int, float, str]] = []
+        offset, reach = 0, 1.0
+        for segment in draft.segments:
+            offset += len(segment.text)
+            reach *= segment.prior
+            boundaries.append((offset, reach, segment.source))
+        ids, sources, reaches = [], [], []
+        index = 0
+        for token, end in zip(tokenized.ids, tokenized.ends):
+            while index < len(boundaries) - 1 and boundaries[index][0] < end:
+                index += 1
+            ids.append(token)
+            reaches.append(boundaries[index][1])
+            sources.append(boundaries[index][2])
+        if draft.ends_output and self.eos_token_id is not None:
+            ids.append(self.eos_token_id)
+            reaches.append(reach)
+            sources.append(CLOSE)
+        if not ids:
+            return None
+        return WeightedDraft(tuple(ids), tuple(sources), tuple(reaches))
+
+
+def _scaled(draft: TextDraft, factor: float) -> TextDraft:
+    if factor == 1.0 or not draft.segments:
+        return draft
+    first, *rest = draft.segments
+    return TextDraft((Segment(first.text, first.source, first.prior * factor), *rest),
+                     draft.ends_output)
