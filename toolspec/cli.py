@@ -122,6 +122,17 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_library(args: argparse.Namespace) -> int:
+    from toolspec.library.bench import measure_library
+
+    results = measure_library(args.directory, args.sizes, args.lookups)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from toolspec.demo import run_demo
 
@@ -225,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--compare", type=Path, nargs="*", default=[],
                       help="other cost_curve.json files to draw on the same plot")
     cost.set_defaults(handler=_cost_curve)
+    library_bench = bench_commands.add_parser(
+        "library", help="call library import rate and lookup latency as it grows")
+    library_bench.add_argument("directory", type=Path, help="a new or empty directory")
+    library_bench.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    library_bench.add_argument("--lookups", type=int, default=2000)
+    library_bench.add_argument("--out", type=Path, help="write the results as JSON here")
+    library_bench.set_defaults(handler=_bench_library)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
     sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")

@@ -116,9 +116,11 @@ def _apibank_parameters(tool: str, raw: str) -> dict[str, Any]:
     try:
         declared = ast.literal_eval(raw)
     except (ValueError, SyntaxError) as error:
-        raise ToolSchemaError(f"tool {tool!r}: Parameters is not a Python dict literal ({error})")
+        raise ToolSchemaError(
+            f"tool {tool!r}: Parameters is not a Python dict literal ({error})") from None
     if not isinstance(declared, dict):
-        raise ToolSchemaError(f"tool {tool!r}: Parameters must be a dict, got {type(declared).__name__}")
+        raise ToolSchemaError(
+            f"tool {tool!r}: Parameters must be a dict, got {type(declared).__name__}")
     properties = {}
     for name, spec in declared.items():
         kind = spec.get("type", "str") if isinstance(spec, dict) else "str"

@@ -23,6 +23,10 @@ from typing import Any
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
 from toolspec.tools import Tool, ToolSet
 
+# Nesting levels of the two objects of a call, for indented styles.
+_CALL_LEVEL = 1
+_ARGS_LEVEL = 2
+
 FIXED = "schema/fixed"
 OPEN = "schema/open"
 NAME = "schema/name"
@@ -215,7 +219,7 @@ class CallGrammar:
 
     def _call_body(self, style: JsonStyle, depth: int) -> list[Branch]:
         """From just after a call's ``{``: the name key, then the name."""
-        head = Segment('"name"', FIXED)
+        head = Segment(style.opening_gap(_CALL_LEVEL) + '"name"', FIXED)
         return [((head, *rest), ends) for rest, ends in self._name_value(style, depth)]
 
     def _name_value(self, style: JsonStyle, depth: int) -> list[Branch]:
@@ -233,7 +237,8 @@ class CallGrammar:
 
     def _arguments(self, tool: Tool, style: JsonStyle, depth: int) -> list[Branch]:
         """From just after the tool name's closing quote."""
-        opener = Segment(f'{style.comma}"{self.format.arguments_key}"{style.colon}{{', FIXED)
+        opener = Segment(f'{style.separator(_CALL_LEVEL)}"{self.format.arguments_key}"'
+                         f'{style.colon}{{', FIXED)
         if depth <= 0:
             return [((opener,), False)]
         return [((opener, *rest), ends) for rest, ends in self._parameters(tool, (), style, depth)]
@@ -254,12 +259,15 @@ class CallGrammar:
             options.append((None, close_share))
             options += [(name, (1 - close_share) / len(remaining)) for name in remaining]
         branches: list[Branch] = []
+        # Right after ``{`` (nothing given yet) the first key follows the opening gap; after a
+        # value, ``_after_value`` puts the separator in front.
+        gap = style.opening_gap(_ARGS_LEVEL) if not given else ""
         for name, share in options:
             if name is None:
-                for rest, ends in self._close_arguments(style, depth):
+                for rest, ends in self._close_arguments(style, depth, empty=not given):
                     branches.append((_scaled(rest, share), ends))
                 continue
-            head = Segment(f"{json.dumps(name, ensure_ascii=False)}", PARAM, share)
+            head = Segment(gap + json.dumps(name, ensure_ascii=False), PARAM, share)
             schema = tool.properties.get(name, {})
             after_key = [((Segment(style.colon, FIXED), *rest), ends)
                          for rest, ends in self._value(tool, schema, (*given, name), style,
@@ -347,16 +355,18 @@ class CallGrammar:
             if rest and rest[0].source == CLOSE:
                 branches.append((rest, ends))  # closing needs no comma
             else:
-                branches.append(((Segment(style.comma, FIXED), *rest), ends))
+                branches.append(((Segment(style.separator(_ARGS_LEVEL), FIXED), *rest), ends))
         return branches
 
-    def _close_arguments(self, style: JsonStyle, depth: int) -> list[Branch]:
+    def _close_arguments(self, style: JsonStyle, depth: int, empty: bool) -> list[Branch]:
         """From inside the arguments, once they are complete: ``}`` and the call's end."""
-        return [((Segment("}", CLOSE), *rest), ends) for rest, ends in self._close_call(style, depth)]
+        close = Segment(("" if empty else style.closing_gap(_ARGS_LEVEL)) + "}", CLOSE)
+        return [((close, *rest), ends) for rest, ends in self._close_call(style, depth)]
 
     def _close_call(self, style: JsonStyle, depth: int) -> list[Branch]:
         """From just after the arguments' ``}``: the call's ``}``, then what follows the call."""
-        return [((Segment("}", CLOSE), *rest), ends) for rest, ends in self._after_call(style, depth)]
+        close = Segment(style.closing_gap(_CALL_LEVEL) + "}", CLOSE)
+        return [((close, *rest), ends) for rest, ends in self._after_call(style, depth)]
 
     def _after_call(self, style: JsonStyle, depth: int) -> list[Branch]:
         """From just after a call's ``}``: the end of the output, or another call."""

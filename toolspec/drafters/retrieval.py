@@ -59,8 +59,10 @@ class LibrarySource:
         drafts = []
         matches = self._lookup(view, "{", None)
         for opening, share in view.opening_options:
-            for draft in self._drafts(view, matches, lambda m: opening + "{" + m.continuation,
-                                      share):
+            def whole(match: LibraryMatch, opening: str = opening) -> str:
+                return opening + "{" + match.continuation
+
+            for draft in self._drafts(view, matches, whole, share):
                 if draft.text.startswith(typed):
                     drafts.append(draft)
         return drafts

@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, CallFormat, CallScanner, JsonStyle
+from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE, CallFormat,
+                              CallScanner, JsonStyle)
 
 _COLON = re.compile(r'"name"(\s*):(\s*)"')
+_INDENT = re.compile(r'\{\n([ \t]+)"name"')
 _COMMA = re.compile(r'"(\s*),(\s*)"')
 _MAX_WRAPPER = 40
 
@@ -30,6 +32,9 @@ class StyleMemory:
         colon, comma = _COLON.search(text), _COMMA.search(text)
         if colon is None:
             return None
+        indent = _INDENT.search(text)
+        if indent is not None:
+            return JsonStyle(colon.group(1) + ":" + colon.group(2), ",", indent.group(1))
         colon_text = colon.group(1) + ":" + colon.group(2)
         comma_text = (comma.group(1) + "," + comma.group(2)) if comma else (
             DEFAULT_STYLE.comma if colon_text == DEFAULT_STYLE.colon else COMPACT_STYLE.comma)
@@ -43,7 +48,7 @@ class StyleMemory:
         if self.styles:
             total = sum(self.styles.values())
             return [(style, count / total) for style, count in self.styles.most_common(2)]
-        return [(DEFAULT_STYLE, 0.7), (COMPACT_STYLE, 0.3)]
+        return [(DEFAULT_STYLE, 0.6), (INDENTED_STYLE, 0.25), (COMPACT_STYLE, 0.15)]
 
     @staticmethod
     def _options(counter: Counter[str] | None, default: str) -> list[tuple[str, float]]:
@@ -57,11 +62,16 @@ class StyleMemory:
                              call_format.block_open + call_format.call_open)
 
     def closing_options(self, call_format: CallFormat, opening: str) -> list[tuple[str, float]]:
-        """What follows the last call of an output that began with ``opening``."""
-        fenced = bool(call_format.block_open.strip()) and call_format.block_open.strip() in opening
-        default = call_format.call_close + (call_format.block_close if fenced else "")
-        if not call_format.block_open.strip():
+        """What follows the last call of an output that began with ``opening``: what followed
+        it before, else the format's closing text — the block's end only if the output opened
+        the block, and a closing fence if it opened a Markdown fence instead."""
+        block = call_format.block_open.strip()
+        if block and block in opening:
             default = call_format.call_close + call_format.block_close
+        elif opening.lstrip().startswith("```"):
+            default = "\n```"
+        else:
+            default = call_format.call_close + ("" if block else call_format.block_close)
         return self._options(self.closings.get((call_format.name, opening)), default)
 
     def learn(self, call_format: CallFormat, scanner: CallScanner) -> None:

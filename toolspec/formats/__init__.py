@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from toolspec.formats.apibank import ApiBankFormat
-from toolspec.formats.base import (COMPACT_STYLE, DEFAULT_STYLE, CallFormat, JsonStyle, ToolCall,
-                                   parse_arguments_json)
+from toolspec.formats.base import (COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE, CallFormat,
+                                   JsonStyle, ToolCall, parse_arguments_json)
 from toolspec.formats.hermes import HermesFormat
 from toolspec.formats.json_calls import JsonFormat
 from toolspec.formats.llama3 import Llama3JsonFormat
@@ -47,7 +47,7 @@ def detect_format(prompt_text: str, chat_template: str | None = None) -> CallFor
 
 
 __all__ = [
-    "COMPACT_STYLE", "DEFAULT_STYLE", "FORMATS", "CallFormat", "CallScanner", "CallState",
+    "COMPACT_STYLE", "DEFAULT_STYLE", "FORMATS", "INDENTED_STYLE", "CallFormat", "CallScanner", "CallState",
     "JsonStyle", "ToolCall", "UnknownFormatError", "detect_format", "get_format",
     "parse_arguments_json",
 ]

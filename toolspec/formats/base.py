@@ -23,17 +23,38 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class JsonStyle:
-    """How a model spaces JSON: ``{"a": 1, "b": 2}`` (the default) or ``{"a":1,"b":2}``."""
+    """How a model spaces JSON: ``{"a": 1, "b": 2}`` (the default), ``{"a":1,"b":2}``, or one
+    key per line with ``indent`` per nesting level (``json.dumps(..., indent=2)``).
+
+    The gaps are given per nesting ``level`` (1 for a call object, 2 for its arguments).
+    """
 
     colon: str = ": "
     comma: str = ", "
+    indent: str | None = None
 
     def dumps(self, value: Any) -> str:
-        return json.dumps(value, ensure_ascii=False, separators=(self.comma, self.colon))
+        if self.indent is None:
+            return json.dumps(value, ensure_ascii=False, separators=(self.comma, self.colon))
+        return json.dumps(value, ensure_ascii=False, indent=self.indent,
+                          separators=(self.comma.rstrip(), self.colon))
+
+    def opening_gap(self, level: int) -> str:
+        """Between an object's ``{`` and its first key."""
+        return "" if self.indent is None else "\n" + self.indent * level
+
+    def separator(self, level: int) -> str:
+        """Between a value and the next key."""
+        return self.comma if self.indent is None else self.comma.rstrip() + "\n" + self.indent * level
+
+    def closing_gap(self, level: int) -> str:
+        """Between an object's last value and its ``}``."""
+        return "" if self.indent is None else "\n" + self.indent * (level - 1)
 
 
 DEFAULT_STYLE = JsonStyle()
 COMPACT_STYLE = JsonStyle(":", ",")
+INDENTED_STYLE = JsonStyle(": ", ",", "  ")
 
 
 class CallFormat:

@@ -6,13 +6,11 @@ call in ten a repeat of a recent one) up to each size in turn and, at each size,
 import rate, warm ``lookup_text`` latency for prefixes cut at random points of stored calls (with
 and without the tool known), the process RSS and the size of the shard files.
 
-Run: ``python -m toolspec.library.bench DIR [--sizes 10000 100000 1000000] [--out FILE]``.
+Run: ``toolspec bench library DIR [--sizes 10000 100000 1000000] [--out FILE]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import resource
 import statistics
@@ -187,20 +185,3 @@ def measure_library(directory: str | Path, sizes: Sequence[int] = (10_000, 100_0
                 f"RSS {entry['memory']['VmRSS'] / 2**20:.0f} MiB")
     return {"shards": shards, "k": k, "lookups": lookups, "scan_cap": library.scan_cap,
             "sizes": results}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", help="a new or empty directory for the library")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--lookups", type=int, default=2000)
-    parser.add_argument("--out", help="write the results as JSON here")
-    args = parser.parse_args(argv)
-    results = measure_library(args.directory, args.sizes, args.lookups)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

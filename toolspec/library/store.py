@@ -119,7 +119,7 @@ class CallLibrary:
                 pending = prepare(call, tenant, None, self.shards)
                 groups[pending.shard].append(pending)
             for shard, group in sorted(groups.items()):
-                shards[shard].write(lambda txn, dbs, group=group: [
+                shards[shard].write(lambda txn, dbs, group=group, moment=moment: [
                     store_call(txn, dbs, pending, moment, self.half_life_s) for pending in group])
             total += len(batch)
             self._enforce_cap()
