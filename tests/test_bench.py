@@ -62,6 +62,18 @@ def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None
     assert len(lines) == 6
     assert "decode x" in capsys.readouterr().out
 
+    # Interrupted after item 1 with item 2 half done: a rerun keeps item 1, reruns item 2.
+    (tmp_path / "items.jsonl").write_text("\n".join(lines[:4]) + "\n")
+    assert main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
+                 "--data", str(sample_path()), "--limit", "2", "--methods", "ar,pld,oracle",
+                 "--max-new-tokens", "24", "--out", str(tmp_path)]) == 0
+    assert "resuming: 1 items" in capsys.readouterr().out
+    resumed = (tmp_path / "items.jsonl").read_text().splitlines()
+    assert resumed[:3] == lines[:3] and len(resumed) == 6
+    assert [json.loads(line)["tokens"] for line in resumed] == \
+        [json.loads(line)["tokens"] for line in lines]
+    assert json.loads((tmp_path / "results.json").read_text())["items"] == 2
+
 
 @pytest.mark.real_model
 def test_cost_curve_cli(tmp_path: Path, capsys) -> None:

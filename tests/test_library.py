@@ -7,9 +7,11 @@ import json
 import os
 from pathlib import Path
 
+import msgpack
 import pytest
 
-from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, FORMATS, JsonStyle, ToolCall
+from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, FORMATS, INDENTED_STYLE, JsonStyle,
+                              ToolCall)
 from toolspec.library import (CallLibrary, InvalidCallError, InvalidTenantError,
                               LibraryClosedError, LibraryImportError, NotALibraryError,
                               SettingMismatchError, ShardCountMismatchError,
@@ -17,6 +19,7 @@ from toolspec.library import (CallLibrary, InvalidCallError, InvalidTenantError,
 from toolspec.library.cli import add_library_commands
 from toolspec.library.keys import MAX_KEY, encode_score, shard_of
 from toolspec.library.query import successor
+from toolspec.library.records import unpack_record
 
 SAMPLE = Path(__file__).parents[1] / "toolspec/datasets/samples/apibank-level1-sample.json"
 WEATHER = ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})
@@ -42,7 +45,7 @@ def test_record_keeps_written_order_renders_every_slot_and_dedupes(library: Call
     assert list(again.arguments) == ["city", "unit"]  # as first written
     assert again.canonical == '{"city":"Paris","unit":"celsius"}'
     for fmt in (FORMATS["hermes"], FORMATS["apibank"]):
-        for style in (DEFAULT_STYLE, COMPACT_STYLE):
+        for style in (DEFAULT_STYLE, COMPACT_STYLE, INDENTED_STYLE):
             assert again.rendered(fmt.arguments_key, style) == style.dumps(fmt.call_object(WEATHER))
     assert library.stats().calls == 1
     library.add(WEATHER, tenant="other")  # same call, other tenant: another record
@@ -84,7 +87,11 @@ def test_lookup_text_styles_keys_and_tool_narrowing(library: CallLibrary) -> Non
     assert found[0].continuation == DEFAULT_STYLE.dumps(FORMATS["json"].call_object(WEATHER))[1:]
     assert len(library.lookup_text("acme", "{")) == 2
     assert library.lookup_text("acme", head("get_time"), tool="get_weather") == []
-    with pytest.raises(UnsupportedStyleError, match="COMPACT_STYLE"):
+    # One key per line (a fenced block's call object), the tool known from the typed name.
+    typed = '{\n  "name": "get_weather",\n  "arguments": {\n    "city": "P'
+    [match] = library.lookup_text("acme", typed, style=INDENTED_STYLE, tool="get_weather")
+    assert match.continuation == 'aris",\n    "unit": "celsius"\n  }\n}'
+    with pytest.raises(UnsupportedStyleError, match="compact"):
         library.lookup_text("acme", "{", style=JsonStyle(": ", ","))
     with pytest.raises(UnsupportedStyleError, match="parameters"):
         library.lookup_text("acme", "{", arguments_key="args")
@@ -333,3 +340,13 @@ def test_half_life_is_fixed_at_creation(tmp_path: Path) -> None:
         assert library.half_life_s == 60.0
     with pytest.raises(SettingMismatchError, match="half_life_s"):
         CallLibrary(tmp_path / "lib", half_life_s=3600.0)
+
+
+def test_records_written_before_the_indented_style_still_render_it() -> None:
+    old = msgpack.packb({"v": 1, "t": "acme", "n": WEATHER.name, "c": "{}", "a": WEATHER.arguments,
+                         "r": {"arguments/default": "as stored"}, "k": {}, "h": 1, "f": 0.0,
+                         "l": 0.0}, use_bin_type=True)
+    record = unpack_record(old)
+    assert record.rendered() == "as stored"
+    assert record.rendered("parameters", INDENTED_STYLE) == \
+        INDENTED_STYLE.dumps(FORMATS["llama3_json"].call_object(WEATHER))

@@ -27,8 +27,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import parse_methods
-    from toolspec.bench.run import (build_engine, format_table, results_document, run_items,
-                                    summarize, write_outputs)
+    from toolspec.bench.run import (ResultLog, build_engine, format_table, load_finished,
+                                    results_document, run_items, summarize, write_summary)
     from toolspec.datasets import load_dataset
     from toolspec.engine import GenerationParams
     from toolspec.models import load_model
@@ -41,11 +41,17 @@ def _bench(args: argparse.Namespace) -> int:
     loaded = load_model(args.model, dtype=args.dtype)
     engine = build_engine(loaded, args.budget)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
+    finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
+    if finished:
+        print(f"resuming: {len(finished)} items already done in {args.out}/items.jsonl")
+    log = ResultLog(args.out / "items.jsonl", finished) if args.out else None
     with _library(args, methods) as library:
         seeded = library.stats().calls if library is not None else None
-        results = list(run_items(engine, loaded.tokenizer, items, methods, params,
-                                 call_format=_call_format(args.format), library=library,
-                                 tenant=args.tenant))
+        results = [log.record(r) if log else r for r in run_items(
+            engine, loaded.tokenizer, items, methods, params, call_format=_call_format(args.format),
+            library=library, tenant=args.tenant, finished=finished)]
+    if log:
+        log.close()
     summary = summarize(results, methods)
     document = results_document(loaded, len(items), summary, {
         "data": str(args.data), "draft_budget": args.budget or "auto",
@@ -62,7 +68,7 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"  {method}: {divergence['item']} differs from ar at token "
                   f"{divergence['position']} (ar top-1/top-2 logit margin {divergence['ar_margin']})")
     if args.out:
-        write_outputs(Path(args.out), document, results)
+        write_summary(args.out, document)
         print(f"wrote {args.out}/results.json and {args.out}/items.jsonl")
     return 0
 
@@ -221,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="draft nodes verified per step: a number, or auto (default) to size "
                             "each tree to this machine's measured cost curve")
     bench.add_argument("--max-new-tokens", type=int, default=192)
-    bench.add_argument("--out", type=Path, help="write results.json and items.jsonl here")
+    bench.add_argument("--out", type=Path,
+                       help="write results.json and items.jsonl here; a run into the same folder "
+                            "resumes after the items it finished")
     _add_format_option(bench)
     _add_library_options(bench)
     bench.set_defaults(handler=_bench)

@@ -1,8 +1,9 @@
 """``toolspec bench``: methods run interleaved item by item against plain decoding (``ar``).
 
 For each item ``ar`` runs first and every other method right after it on the same prompt, so a
-noisy machine slows all methods alike. Per-item records go to ``items.jsonl``, the summary to
-``results.json``.
+noisy machine slows all methods alike. Per-item records go to ``items.jsonl`` as each item
+finishes, the summary to ``results.json``; a run given an ``items.jsonl`` of an earlier run of the
+same command resumes after the items it finished.
 """
 
 from __future__ import annotations
@@ -90,13 +91,17 @@ def run_items(
     call_format: CallFormat | None = None,
     library: CallLibrary | None = None,
     tenant: str = "default",
+    finished: Mapping[str, Mapping[str, ItemResult]] | None = None,
 ) -> Iterable[ItemResult]:
     """Yield one result per (item, method), ``ar`` first for every item.
 
     ``call_format`` overrides the format detected from each prompt. With a ``library``, the
     calls plain decoding produced on an item are added to it once every method has run on that
-    item (a cold start fills it online, in item order). Mutates: ``library``.
+    item (a cold start fills it online, in item order). Items ``finished`` holds a result of
+    every method for (an earlier run's, see ``load_finished``) are yielded from there, not run
+    again; their calls still go to the library. Mutates: ``library``.
     """
+    finished = finished or {}
     if methods[0] != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
     ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
@@ -107,6 +112,12 @@ def run_items(
                     GenerationParams(max_new_tokens=4))
     for item in tqdm(items, desc="items", unit="item", disable=not progress):
         prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools, call_format)
+        earlier = finished.get(item.id, {})
+        if all(method in earlier for method in methods):
+            yield from (earlier[method] for method in methods)
+            if library is not None:
+                remember_calls(library, item, item_format.parse(earlier[BASELINE].text), tenant)
+            continue
         stored = library.stats().calls if library is not None else None
         ar = engine.generate(prompt, None, ar_params)
         yield _item_result(item, BASELINE, ar, ar, stored)
@@ -182,12 +193,49 @@ def results_document(
     }
 
 
-def write_outputs(out: Path, document: Mapping[str, Any], results: Iterable[ItemResult]) -> None:
+def load_finished(items_jsonl: Path, methods: Sequence[str]) -> dict[str, dict[str, ItemResult]]:
+    """The results an earlier run wrote to ``items_jsonl``, per item and method, for the items
+    it finished with every one of ``methods`` (a partly run item is run again)."""
+    by_item: dict[str, dict[str, ItemResult]] = {}
+    if items_jsonl.exists():
+        for line in items_jsonl.read_text().splitlines():
+            if line.strip():
+                result = ItemResult(**json.loads(line))
+                by_item.setdefault(result.item, {})[result.method] = result
+    return {item: {m: results[m] for m in methods} for item, results in by_item.items()
+            if all(m in results for m in methods)}
+
+
+class ResultLog:
+    """Appends each new result to ``items.jsonl`` as it comes, so an interrupted run resumes.
+
+    Opening rewrites the file with just the ``finished`` results being kept. Mutates: the file.
+    """
+
+    def __init__(self, items_jsonl: Path, finished: Mapping[str, Mapping[str, ItemResult]]) -> None:
+        items_jsonl.parent.mkdir(parents=True, exist_ok=True)
+        self._kept = {id(r) for results in finished.values() for r in results.values()}
+        self._handle = open(items_jsonl, "w")
+        for results in finished.values():
+            self._write_all(results.values())
+
+    def record(self, result: ItemResult) -> ItemResult:
+        if id(result) not in self._kept:
+            self._write_all([result])
+        return result
+
+    def _write_all(self, results: Iterable[ItemResult]) -> None:
+        for result in results:
+            self._handle.write(json.dumps(asdict(result)) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def write_summary(out: Path, document: Mapping[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(document, indent=2))
-    with open(out / "items.jsonl", "w") as handle:
-        for result in results:
-            handle.write(json.dumps(asdict(result)) + "\n")
 
 
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:

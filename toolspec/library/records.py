@@ -18,17 +18,20 @@ from typing import Any
 
 import msgpack
 
-from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, FORMATS, CallFormat, JsonStyle, ToolCall
+from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, FORMATS, INDENTED_STYLE, CallFormat,
+                              JsonStyle, ToolCall)
 from toolspec.library.errors import InvalidCallError, UnsupportedStyleError
 
 #: The JSON styles every record is rendered in, by the name used in records and index keys.
-STYLES: dict[str, JsonStyle] = {"default": DEFAULT_STYLE, "compact": COMPACT_STYLE}
+#: Indented renderings are those of a call object starting at column 0 (a fenced block's call).
+STYLES: dict[str, JsonStyle] = {"default": DEFAULT_STYLE, "compact": COMPACT_STYLE,
+                                "indented": INDENTED_STYLE}
 #: The arguments keys every record is rendered with, and a format whose call object uses each.
 ARGUMENT_KEYS: dict[str, CallFormat] = {"arguments": FORMATS["json"],
                                         "parameters": FORMATS["llama3_json"]}
 MAX_TOOL_BYTES = 200
 MAX_TOKEN_ID = 2**32 - 1
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: adds the indented rendering
 
 
 def style_name(style: JsonStyle) -> str:
@@ -37,7 +40,7 @@ def style_name(style: JsonStyle) -> str:
         if style == known:
             return name
     raise UnsupportedStyleError(
-        f"the library keeps renderings only in DEFAULT_STYLE and COMPACT_STYLE, not {style!r}")
+        f"the library keeps renderings only in {', '.join(STYLES)} style, not {style!r}")
 
 
 def check_arguments_key(arguments_key: str) -> str:
@@ -85,14 +88,9 @@ def tool_tag(tool: str) -> bytes:
 
 def render_all(call: ToolCall) -> dict[str, str]:
     """The call object's text for every (arguments key, style) slot the library indexes:
-    ``style.dumps(fmt.call_object(call))``, with the arguments serialised once per style."""
-    renderings = {}
-    for name, style in STYLES.items():
-        head = "{" + style.dumps("name") + style.colon + style.dumps(call.name) + style.comma
-        tail = style.colon + style.dumps(dict(call.arguments)) + "}"
-        for key in ARGUMENT_KEYS:
-            renderings[f"{key}/{name}"] = head + style.dumps(key) + tail
-    return renderings
+    ``style.dumps(fmt.call_object(call))``."""
+    return {f"{key}/{name}": style.dumps(call_format.call_object(call))
+            for name, style in STYLES.items() for key, call_format in ARGUMENT_KEYS.items()}
 
 
 def check_tokens(tokens: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
@@ -176,8 +174,11 @@ def pack_record(record: CallRecord) -> bytes:
 
 def unpack_record(data: bytes) -> CallRecord:
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    renderings = raw["r"]
+    if raw["v"] < RECORD_VERSION:  # older records lack newer styles' renderings
+        renderings = {**render_all(ToolCall(raw["n"], raw["a"])), **renderings}
     return CallRecord(tenant=raw["t"], tool=raw["n"], canonical=raw["c"], arguments=raw["a"],
-                      renderings=raw["r"], tokens={fp: tuple(ids) for fp, ids in raw["k"].items()},
+                      renderings=renderings, tokens={fp: tuple(ids) for fp, ids in raw["k"].items()},
                       hits=raw["h"], first_seen=raw["f"], last_used=raw["l"])
 
 

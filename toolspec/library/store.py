@@ -162,7 +162,9 @@ class CallLibrary:
         slot = rendering_slot(arguments_key, style)
         search, scanned = typed, shards
         if tool is not None:
-            name_head = style.dumps({"name": check_tool(tool)})[:-1]  # '{"name": "tool"'
+            # '{"name": "tool"' as this style writes it
+            name_head = "{" + style.opening_gap(1) + style.dumps("name") + style.colon \
+                + style.dumps(check_tool(tool))
             if name_head.startswith(typed):
                 search = name_head
             elif not typed.startswith(name_head):
