@@ -88,3 +88,27 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys) -> No
     assert main(["bench", "--data", str(tmp_path / "nope.json"), "--model", "smollm2-135m"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["bench", "--data", str(sample_path()), "--methods", "ar,nope"]) == 2
+
+
+def test_growth_series_from_sim_reports_and_bench_items(tmp_path: Path, capsys) -> None:
+    from toolspec.bench.growth import GrowthInputError, growth_points, read_series
+
+    report = {"drafter": "toolspec", "per_item": [
+        {"id": str(i), "steps": 10, "emitted": 20 + 10 * i, "library_calls": i} for i in range(5)]}
+    (tmp_path / "sim.json").write_text(json.dumps(report))
+    rows = [{"item": "a", "method": m, "steps": 4, "decode_tokens": 8, "library_calls": 0}
+            for m in ("ar", "toolspec")]
+    (tmp_path / "items.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    series = read_series(tmp_path / "sim.json")
+    assert series == {"toolspec": [(i, 10, 20 + 10 * i) for i in range(5)]}
+    points = growth_points(series["toolspec"], window=2)
+    assert [(p.library_calls, p.mat, p.items) for p in points] == \
+        [(0.5, 2.5, 2), (2.5, 4.5, 2), (4.0, 6.0, 1)]
+    assert set(read_series(tmp_path / "items.jsonl")) == {"ar", "toolspec"}
+    (tmp_path / "bare.json").write_text(json.dumps({"per_item": []}))
+    with pytest.raises(GrowthInputError, match="bare.json"):
+        read_series(tmp_path / "bare.json")
+    assert main(["bench", "growth", str(tmp_path / "sim.json"), str(tmp_path / "items.jsonl"),
+                 "--window", "2", "--plot", str(tmp_path / "growth.png")]) == 0
+    assert (tmp_path / "growth.png").stat().st_size > 1000
+    assert "toolspec: 0 calls → MAT 2.50" in capsys.readouterr().out

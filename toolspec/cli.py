@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from toolspec.bench.growth import GrowthInputError
 from toolspec.bench.methods import UnknownMethodError
 from toolspec.datasets import DatasetFormatError
 from toolspec.library import LibraryError
@@ -124,7 +125,25 @@ def _sim(args: argparse.Namespace) -> int:
           f"{'cost-aware budget' if args.cost_curve else f'budget {args.budget}'}")
     print(format_report(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
+        document = {"drafter": method, "data": str(args.data), **report.as_dict()}
+        Path(args.json).write_text(json.dumps(document, indent=2))
+    return 0
+
+
+def _growth(args: argparse.Namespace) -> int:
+    from toolspec.bench.growth import growth_points, read_series
+    from toolspec.bench.plots import plot_growth
+
+    series: dict[str, list[tuple[int, int, int]]] = {}
+    for path in args.inputs:
+        for name, rows in read_series(path).items():
+            series[name if name not in series else f"{name} ({path.parent.name})"] = rows
+    for name, rows in series.items():
+        points = growth_points(rows, args.window)
+        print(f"{name}: " + ", ".join(f"{p.library_calls:.0f} calls → MAT {p.mat:.2f}"
+                                      for p in points))
+    plot_growth(series, args.plot, args.window)
+    print(f"wrote {args.plot}")
     return 0
 
 
@@ -251,6 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     library_bench.add_argument("--lookups", type=int, default=2000)
     library_bench.add_argument("--out", type=Path, help="write the results as JSON here")
     library_bench.set_defaults(handler=_bench_library)
+    growth = bench_commands.add_parser(
+        "growth", help="plot MAT vs calls stored (cold start) from sim reports or bench items")
+    growth.add_argument("inputs", type=Path, nargs="+",
+                        help="`toolspec sim --json` reports run with a library, or items.jsonl")
+    growth.add_argument("--window", type=int, default=25, help="items per point")
+    growth.add_argument("--plot", type=Path, required=True, help="the PNG to write")
+    growth.set_defaults(handler=_growth)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
     sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")
@@ -284,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("bench needs --data PATH (or the cost-curve subcommand)")
     try:
         return args.handler(args)
-    except (ModelError, DatasetFormatError, UnknownMethodError, LibraryError) as error:
+    except (ModelError, DatasetFormatError, UnknownMethodError, LibraryError,
+            GrowthInputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -83,6 +83,16 @@ def token_states(tokenizer: PreTrainedTokenizerBase, output: Sequence[int],
     return states
 
 
+@dataclass(frozen=True)
+class ItemSim:
+    """One replayed output: its steps and tokens, and the library's size when it began."""
+
+    id: str
+    steps: int
+    emitted: int
+    library_calls: int | None
+
+
 @dataclass
 class SimReport:
     items: int = 0
@@ -94,6 +104,7 @@ class SimReport:
     accepted_by_source: Counter[str] = field(default_factory=Counter)
     nodes_verified: int = 0
     forward_cost: float = 0.0  # verification forwards, in units of one plain decoding step
+    per_item: list[ItemSim] = field(default_factory=list)
 
     @property
     def mat(self) -> float:
@@ -123,6 +134,7 @@ class SimReport:
                          "rate": self.accepted_by_source[source] / count}
                 for source, count in sorted(self.proposed_by_source.items())
             },
+            "per_item": [vars(item) for item in self.per_item],
         }
 
 
@@ -148,6 +160,8 @@ def simulate(
             continue
         states = token_states(tokenizer, output, target.request.call_format) \
             if target.request.call_format is not None else [CallState.TEXT] * len(output)
+        steps_before, emitted_before = report.steps, report.emitted
+        library_calls = library.stats().calls if library is not None else None
         drafter.start(target.request)
         drafter.observe(output[:1])
         context = [*target.prompt_ids, output[0]]
@@ -183,6 +197,8 @@ def simulate(
             position += emitted_count
         drafter.stop()
         report.items += 1
+        report.per_item.append(ItemSim(target.id, report.steps - steps_before,
+                                       report.emitted - emitted_before, library_calls))
         if library is not None and target.request.call_format is not None:
             text = tokenizer.decode(output, skip_special_tokens=True)
             offered = set(target.request.tools.names) if target.request.tools else set()

@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from toolspec.bench.growth import growth_points  # noqa: E402
+
 
 def plot_cost_curves(curves: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Relative verification cost vs tokens per forward, one line per ``cost_curve.json``."""
@@ -28,6 +30,23 @@ def plot_cost_curves(curves: Sequence[Mapping[str, Any]], path: Path) -> None:
     axis.set_title(f"Verification cost, {curves[0]['prefix']}-token prefix")
     axis.legend()
     axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_growth(series: Mapping[str, Sequence[tuple[int, int, int]]], path: Path,
+                window: int = 25, title: str = "MAT as the call library grows (cold start)") -> None:
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    for name, rows in series.items():
+        points = growth_points(rows, window)
+        axis.plot([p.library_calls for p in points], [p.mat for p in points], marker="o",
+                  label=name)
+    axis.set_xlabel(f"calls stored in the library (mean over windows of {window} items)")
+    axis.set_ylabel("MAT (tokens per verification step)")
+    axis.set_title(title)
+    axis.grid(True, alpha=0.3)
+    axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
