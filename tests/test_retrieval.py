@@ -64,6 +64,18 @@ def test_whole_calls_are_offered_before_the_call_starts(tokenizer, library) -> N
     assert '{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>' in texts
 
 
+def test_other_tools_calls_do_not_crowd_out_the_offered_tools(tokenizer, library) -> None:
+    for n in range(40):  # a seeded library: many frequent calls of tools this request lacks
+        for _ in range(3):
+            library.add(ToolCall(f"other_tool_{n}", {"q": n}), "acme")
+    library.add(ToolCall("get_time", {"zone": "UTC"}), "acme")
+    drafter = ToolSpecDrafter(tokenizer, library)
+    drafter.start(request(tokenizer))
+    drafter.observe(tokenizer.encode("<tool_call>\n"))
+    assert '{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>' in \
+        [d.text for d in drafter.text_drafts()]
+
+
 def test_tenants_never_see_each_others_calls(tokenizer, library) -> None:
     library.add(ToolCall("get_weather", {"city": "Secretville"}), "other-tenant")
     drafter = RetrievalDrafter(tokenizer, library)

@@ -147,6 +147,14 @@ def _growth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(args: argparse.Namespace) -> int:
+    from toolspec.bench.run import format_markdown
+
+    for directory in args.runs:
+        print(format_markdown(json.loads((directory / "results.json").read_text())) + "\n")
+    return 0
+
+
 def _bench_library(args: argparse.Namespace) -> int:
     from toolspec.library.bench import measure_library
 
@@ -277,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     growth.add_argument("--window", type=int, default=25, help="items per point")
     growth.add_argument("--plot", type=Path, required=True, help="the PNG to write")
     growth.set_defaults(handler=_growth)
+    table = bench_commands.add_parser("table", help="results.json of bench runs as Markdown tables")
+    table.add_argument("runs", type=Path, nargs="+", help="--out folders of toolspec bench")
+    table.set_defaults(handler=_table)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
     sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")

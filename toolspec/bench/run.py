@@ -251,6 +251,20 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(document: Mapping[str, Any]) -> str:
+    """A ``results.json`` document as a Markdown table (what docs/benchmarks.md embeds)."""
+    lines = [f"{document['model']} {document['dtype']}, {document['items']} items of "
+             f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}; "
+             f"{document['machine']}", "",
+             "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for method, m in document["methods"].items():
+        lines.append(f"| {method} | {m['decode_tokens_per_s']:.2f} | {m['e2e_tokens_per_s']:.2f} | "
+                     f"{m['mat']:.2f} | {m['decode_speedup']:.2f} | {m['e2e_speedup']:.2f} | "
+                     f"{m['identical_to_ar']:.0%} |")
+    return "\n".join(lines)
+
+
 def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine:
     """An engine whose trees follow this machine's cost curve, or a fixed node cap."""
     budget: DraftBudget | int

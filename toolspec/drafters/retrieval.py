@@ -24,6 +24,9 @@ from toolspec.library import CallLibrary, LibraryError, LibraryMatch
 RETRIEVAL = "retrieval"
 # The last call usually ends the output; another call follows it otherwise.
 _END_SHARE = 0.75
+# Up to this many offered tools, whole calls are looked up tool by tool (one shard each), so a
+# library full of other tools' calls cannot crowd the request's own tools out of the top k.
+_PER_TOOL_LOOKUPS = 16
 
 
 class LibrarySource:
@@ -57,7 +60,7 @@ class LibrarySource:
         if scanner.state is not CallState.TEXT or scanner.calls:
             return []  # between calls the grammar drafts the separator; no whole call here
         drafts = []
-        matches = self._lookup(view, "{", None)
+        matches = self._whole_calls(view)
         for opening, share in view.opening_options:
             def whole(match: LibraryMatch, opening: str = opening) -> str:
                 return opening + "{" + match.continuation
@@ -66,6 +69,13 @@ class LibrarySource:
                 if draft.text.startswith(typed):
                     drafts.append(draft)
         return drafts
+
+    def _whole_calls(self, view: DraftingView) -> list[LibraryMatch]:
+        """The best stored calls of the offered tools, before any of a call is typed."""
+        if len(self._tools) > _PER_TOOL_LOOKUPS:
+            return self._lookup(view, "{", None)
+        found = [match for tool in sorted(self._tools) for match in self._lookup(view, "{", tool)]
+        return sorted(found, key=lambda match: -match.weight)[: self.k]
 
     def _lookup(self, view: DraftingView, typed_call: str, tool: str | None) -> list[LibraryMatch]:
         try:
