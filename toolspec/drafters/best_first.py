@@ -13,7 +13,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from toolspec.draft_tree import ROOT, DraftTree
 
@@ -24,7 +24,7 @@ Candidate = tuple[int, float, Key]
 
 
 @dataclass(frozen=True)
-class ScoredTree(Generic[Key]):
+class ScoredTree:
     """A draft tree and its expected number of accepted tokens (the sum of node reaches)."""
 
     tree: DraftTree
@@ -37,7 +37,7 @@ def best_first_tree(
     budget: int,
     source: str,
     min_reach: float = 0.0,
-) -> ScoredTree[Key]:
+) -> ScoredTree:
     """The ``budget`` likeliest nodes below ``root``, each node's prior its given-parent probability.
 
     ``children(key)`` lists the candidates that may follow ``key``; siblings must hold distinct

@@ -64,9 +64,9 @@ class SuffixDecodingDrafter:
         for token, child in node.children.items():
             yield token, child.count / node.count, child
 
-    def best_tree(self, context: Sequence[int], budget: int) -> ScoredTree[TrieNode] | None:
+    def best_tree(self, context: Sequence[int], budget: int) -> ScoredTree | None:
         """The highest-scoring draft over both tries and every match length, or None."""
-        best: ScoredTree[TrieNode] | None = None
+        best: ScoredTree | None = None
         for trie in (self._request_trie, self.global_trie):
             for matched in range(trie.longest_suffix(context), 0, -1):
                 size = min(budget, int(self.max_spec_factor * matched + self.max_spec_offset))

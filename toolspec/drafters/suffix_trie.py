@@ -13,13 +13,20 @@ from collections.abc import Iterator, Sequence
 
 
 class TrieNode:
-    """One path of the trie. Mutates: only through its ``SuffixTrie``."""
+    """One path of the trie: its count and its children by token."""
 
     __slots__ = ("children", "count")
 
     def __init__(self) -> None:
         self.children: dict[int, TrieNode] = {}
         self.count = 0
+
+    def child_or_new(self, token: int) -> TrieNode:
+        """The child holding ``token``, added (with count 0) if missing. Mutates: ``children``."""
+        child = self.children.get(token)
+        if child is None:
+            child = self.children[token] = TrieNode()
+        return child
 
 
 class SuffixTrie:
@@ -38,7 +45,7 @@ class SuffixTrie:
             self.root.count += 1
             node = self.root
             for token in tokens[start : start + self.max_depth]:
-                node = node.children.setdefault(token, TrieNode())
+                node = node.child_or_new(token)
                 node.count += 1
 
     def remove(self, tokens: Sequence[int]) -> None:
@@ -108,7 +115,7 @@ class SuffixStream:
         self.trie.root.count += 1
         still_open: list[tuple[TrieNode, int]] = []
         for node, depth in [*self._open, (self.trie.root, 0)]:
-            child = node.children.setdefault(token, TrieNode())
+            child = node.child_or_new(token)
             child.count += 1
             if depth + 1 < self.trie.max_depth:
                 still_open.append((child, depth + 1))
