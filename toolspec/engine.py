@@ -18,6 +18,7 @@ from toolspec.budget import DraftBudget, FixedBudget
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
 from toolspec.formats import CallFormat
+from toolspec.logit_feedback import feed_top_k, logits_observer
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
 from toolspec.target_model import TargetModel, commit_path
@@ -126,6 +127,7 @@ class Engine:
         prefill_s = time.perf_counter() - started
 
         drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant))
+        observer = logits_observer(drafter)
         drafter.observe(generated)
         context = [*prompt_ids, *generated]
         decision = scanner.scan(generated, 1)
@@ -147,6 +149,8 @@ class Engine:
             if decision is not None and decision.keep < len(emitted):
                 del generated[len(generated) - len(emitted) + decision.keep :]
                 emitted = emitted[: decision.keep]
+            if observer is not None:
+                feed_top_k(observer, context[-1], tree, result.logits)
             context.extend(emitted)
             drafter.observe(emitted)
             t4 = time.perf_counter()

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters import Drafter, NoDrafter, OracleDrafter, PromptLookupDrafter
+from toolspec.drafters.recycling import TokenRecyclingDrafter
 from toolspec.drafters.retrieval import RetrievalDrafter, ToolSpecDrafter
+from toolspec.drafters.samd import SamDecodingDrafter
 from toolspec.drafters.schema import SchemaDrafter
+from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
 from toolspec.library import CallLibrary
 
 
@@ -56,6 +59,10 @@ METHODS: dict[str, MethodBuilder] = {
     BASELINE: _fresh(NoDrafter),
     "pld": _fresh(PromptLookupDrafter),
     "oracle": lambda setup: OracleDrafter,
+    # Cross-request learners: one drafter per run; each learns an item's output at its stop().
+    "samd": _persistent(lambda s: SamDecodingDrafter()),
+    "recycling": _persistent(lambda s: TokenRecyclingDrafter()),
+    "suffix": _persistent(lambda s: SuffixDecodingDrafter()),
     "toolspec-schema": _persistent(lambda s: SchemaDrafter(s.tokenizer, PromptLookupDrafter())),
     # The benchmark fills the library itself (learn=False), after every method ran on an item.
     "toolspec-retrieval": _persistent(lambda s: RetrievalDrafter(

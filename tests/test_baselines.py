@@ -1,0 +1,179 @@
+"""The model-free baselines (samd, recycling, suffix): lossless, within budget, no leaks."""
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+from helpers import ToyTokenizer, tiny_model
+
+from toolspec import Engine, GenerationParams, TargetModel
+from toolspec.bench.methods import METHODS, MethodSetup
+from toolspec.budget import FixedBudget
+from toolspec.draft_tree import DraftTree
+from toolspec.drafters import Drafter, DraftRequest, PromptLookupDrafter
+from toolspec.drafters.recycling import TokenRecyclingDrafter
+from toolspec.drafters.samd import SamDecodingDrafter
+from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
+from toolspec.logit_feedback import logits_observer
+from toolspec.sampling import SamplingParams
+from toolspec.sim import SimTarget, simulate
+
+VOCAB = 96
+BASELINES = ("samd", "recycling", "suffix")
+
+
+def baseline(name: str) -> Drafter:
+    """The drafter the benchmark would use for a run (one per run: it learns across items)."""
+    return METHODS[name](MethodSetup(tokenizer=ToyTokenizer()))(())
+
+
+@pytest.fixture(params=BASELINES)
+def method(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+Runs = tuple[Engine, GenerationParams, list[tuple[list[int], tuple[int, ...]]]]
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def greedy_runs(request: pytest.FixtureRequest) -> Runs:
+    """Plain decoding's outputs on repetitive prompts, computed once for all methods."""
+    engine = Engine(TargetModel(tiny_model(request.param, VOCAB)), ToyTokenizer(), budget=12,
+                    stop_token_ids=[])
+    params = GenerationParams(max_new_tokens=32)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(4, 20))] * 2 for _ in range(3)]
+    return engine, params, [(p, engine.generate(p, None, params).tokens) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def sampled_runs() -> Runs:
+    """Plain seeded sampling on a high-entropy model, computed once for all methods."""
+    engine = Engine(TargetModel(tiny_model("qwen2", VOCAB)), ToyTokenizer(), budget=10,
+                    stop_token_ids=[])
+    with torch.no_grad():
+        engine.model.model.lm_head.weight.mul_(0.05)  # high entropy: sampling matters
+    params = GenerationParams(max_new_tokens=30, sampling=SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=40, seed=3))
+    rng = random.Random(8)
+    prompts = [[rng.randrange(VOCAB) for _ in range(10)] * 2 for _ in range(2)]
+    return engine, params, [(p, engine.generate(p, None, params).tokens) for p in prompts]
+
+
+def test_baselines_are_lossless_greedy(greedy_runs: Runs, method: str) -> None:
+    engine, params, runs = greedy_runs
+    drafter = baseline(method)
+    accepted = 0
+    for prompt, plain in runs:
+        speculative = engine.generate(prompt, drafter, params)
+        assert speculative.tokens == plain
+        accepted += sum(speculative.accepted_by_source().values())
+    assert accepted > 0
+
+
+def test_baselines_replay_seeded_sampling(sampled_runs: Runs, method: str) -> None:
+    engine, params, runs = sampled_runs
+    drafter = baseline(method)
+    for prompt, plain in runs:
+        assert engine.generate(prompt, drafter, params).tokens == plain
+
+
+def test_engine_feeds_top_k_candidates_of_every_verified_row() -> None:
+    class Recorder(TokenRecyclingDrafter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fed: list[tuple[tuple[int, ...], list[list[int]]]] = []
+            self.proposed: list[DraftTree] = []
+            self.emitted: list[list[int]] = []
+
+        def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+            self.proposed.append(super().propose(context, budget))
+            return self.proposed[-1]
+
+        def observe_logits(self, tokens: Sequence[int], top_k_ids: Sequence[Sequence[int]]) -> None:
+            self.fed.append((tuple(tokens), [list(ids) for ids in top_k_ids]))
+            super().observe_logits(tokens, top_k_ids)
+
+        def observe(self, emitted: Sequence[int]) -> None:
+            self.emitted.append(list(emitted))
+            super().observe(emitted)
+
+    engine = Engine(TargetModel(tiny_model("qwen2", VOCAB)), ToyTokenizer(), budget=8,
+                    stop_token_ids=[])
+    recorder = Recorder()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
+    generation = engine.generate(prompt, recorder, GenerationParams(max_new_tokens=30))
+    assert len(recorder.fed) == len(generation.steps)
+    context = [*prompt, generation.tokens[0]]
+    for (tokens, top_k), tree, emitted in zip(recorder.fed, recorder.proposed, recorder.emitted[1:]):
+        assert tokens == (context[-1], *tree.tokens)  # the root, then every node, rejected too
+        assert len(top_k) == len(tokens) and all(len(set(row)) == 8 for row in top_k)
+        assert top_k[0][0] == emitted[0]  # greedy: the root row's best is what came next
+        context.extend(emitted)
+    assert generation.mat > 1.0
+
+
+def test_only_drafters_that_want_candidates_get_them() -> None:
+    assert logits_observer(PromptLookupDrafter()) is None
+    assert logits_observer(SuffixDecodingDrafter()) is None
+    assert logits_observer(SamDecodingDrafter(recycling_fallback=False)) is None
+    assert logits_observer(SamDecodingDrafter()) is not None
+    assert logits_observer(TokenRecyclingDrafter()) is not None
+
+
+def test_drafts_never_exceed_the_budget(method: str) -> None:
+    rng = random.Random(9)
+    drafter = baseline(method)
+    for _ in range(3):
+        context = [rng.randrange(6) for _ in range(40)]
+        drafter.start(DraftRequest(tuple(context)))
+        for _ in range(30):
+            budget = rng.randrange(0, 20)
+            tree = drafter.propose(context, budget)
+            assert len(tree) <= budget
+            emitted = [rng.randrange(6) for _ in range(rng.randint(1, 4))]
+            context.extend(emitted)
+            drafter.observe(emitted)
+        drafter.stop()
+
+
+def test_cross_request_learning_never_sees_the_current_item(method: str) -> None:
+    # Prompt and output share no token and no output token repeats: within its own item nothing
+    # can be predicted, so any accepted draft on the first item would be a leak. The same item
+    # again must then be drafted from what was learned after the first one finished.
+    prompt, output = tuple(range(20)), tuple(range(40, 70))
+    target = SimTarget("item", prompt, output, DraftRequest(prompt))
+    drafter = METHODS[method](MethodSetup(tokenizer=ToyTokenizer()))(output)  # ar tokens ignored
+    first = simulate(drafter, [target], FixedBudget(16), ToyTokenizer())
+    assert first.mat == 1.0
+    second = simulate(drafter, [target], FixedBudget(16), ToyTokenizer())
+    assert second.mat > 4.0
+
+
+def test_samd_drafts_the_match_and_falls_back_below_the_threshold() -> None:
+    drafter = SamDecodingDrafter(n_predicts=4, len_threshold=3, recycling_fallback=False)
+    drafter.start(DraftRequest((1, 2, 3, 4, 5, 6, 7, 8, 1, 2)))
+    assert drafter.propose([], 16).tokens == ()  # a 2-token match is below the threshold
+    drafter.observe([3])
+    tree = drafter.propose([], 16)
+    assert tree.tokens == (4, 5, 6, 7) and set(tree.sources) == {"samd"}
+    assert drafter.propose([], 2).tokens == (4, 5)
+    drafter.stop()
+    # The finished output is now in the static corpus, drafted after a 4-token discount.
+    drafter.start(DraftRequest((9, 9)))
+    drafter.observe([3])
+    assert drafter.propose([], 16).tokens == ()
+
+
+def test_suffix_drafts_by_frequency_and_evicts_old_outputs() -> None:
+    drafter = SuffixDecodingDrafter(max_cached_requests=2, min_token_prob=0.2)
+    for output in ([1, 2, 3], [1, 2, 3], [1, 2, 4]):
+        drafter.start(DraftRequest((0,)))
+        drafter.observe(output)
+        drafter.stop()
+    # Cached: [1, 2, 3] and [1, 2, 4] (the oldest was evicted): after "1 2", 3 and 4 are even.
+    drafter.start(DraftRequest((7, 1, 2)))
+    tree = drafter.propose([7, 1, 2], 8)
+    assert sorted(tree.tokens) == [3, 4] and tree.priors == (0.5, 0.5)
+    assert drafter.global_trie.counts()[(1, 2)] == 2

@@ -1,0 +1,97 @@
+"""SuffixDecoding (Oliaro et al., 2024; ArcticInference, vLLM ``suffix``): frequency-scored trees.
+
+Two suffix tries count what followed what: a global one over the outputs of earlier requests (a
+bounded FIFO cache) and one over the current request (prompt + output, grown as it decodes).
+For each suffix of the context found in a trie (its *match*), a draft tree is grown below the
+match node best-first by empirical probability (child count / parent count, multiplied along the
+path), at most ``max_spec_factor * match + max_spec_offset`` nodes and none below
+``min_token_prob``; the tree with the most expected accepted tokens is proposed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from toolspec.draft_tree import DraftTree
+from toolspec.drafters.base import DraftRequest
+from toolspec.drafters.best_first import Candidate, ScoredTree, best_first_tree
+from toolspec.drafters.suffix_trie import SuffixStream, SuffixTrie, TrieNode
+
+
+class SuffixDecodingDrafter:
+    """Suffix-trie drafts over past outputs and the current request.
+
+    Parameters (vLLM / ArcticInference defaults): ``max_depth`` = 24 tokens per trie path (match
+    plus draft); ``max_spec_factor`` = 1.0 and ``max_spec_offset`` = 0.0 (a match of m tokens
+    drafts at most m nodes, and never more than the step's budget); ``min_token_prob`` = 0.1,
+    the least path probability drafted; ``max_cached_requests`` = 10000 outputs in the global
+    trie, oldest evicted first (0 disables it). With ``learn``, a request's output joins the
+    global trie at ``stop`` — never before, so it only helps later requests.
+    Mutates: the global trie and its cache (across requests), the request's trie (per request).
+    """
+
+    name = "suffix"
+
+    def __init__(
+        self,
+        max_depth: int = 24,
+        max_spec_factor: float = 1.0,
+        max_spec_offset: float = 0.0,
+        min_token_prob: float = 0.1,
+        max_cached_requests: int = 10_000,
+        learn: bool = True,
+    ) -> None:
+        self.max_spec_factor = max_spec_factor
+        self.max_spec_offset = max_spec_offset
+        self.min_token_prob = min_token_prob
+        self.max_cached_requests = max_cached_requests
+        self.learn = learn
+        self.global_trie = SuffixTrie(max_depth)
+        self._cached: deque[tuple[int, ...]] = deque()
+        self._request_trie = SuffixTrie(max_depth)
+        self._stream = SuffixStream(self._request_trie)
+        self._output: list[int] = []
+
+    def start(self, request: DraftRequest) -> None:
+        self._request_trie = SuffixTrie(self.global_trie.max_depth)
+        self._stream = SuffixStream(self._request_trie)
+        self._stream.extend(request.prompt_ids)
+        self._output = []
+
+    @staticmethod
+    def _children(node: TrieNode) -> Iterable[Candidate[TrieNode]]:
+        for token, child in node.children.items():
+            yield token, child.count / node.count, child
+
+    def best_tree(self, context: Sequence[int], budget: int) -> ScoredTree | None:
+        """The highest-scoring draft over both tries and every match length, or None."""
+        best: ScoredTree | None = None
+        for trie in (self._request_trie, self.global_trie):
+            for matched in range(trie.longest_suffix(context), 0, -1):
+                size = min(budget, int(self.max_spec_factor * matched + self.max_spec_offset))
+                node = trie.find(context[len(context) - matched :])
+                if size <= 0 or node is None or not node.children:
+                    continue
+                scored = best_first_tree(self._children, node, size, self.name, self.min_token_prob)
+                if best is None or scored.expected_accepted > best.expected_accepted:
+                    best = scored
+        return best
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        best = self.best_tree(context, budget)
+        return best.tree if best is not None else DraftTree()
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        self._stream.extend(emitted)
+        self._output.extend(emitted)
+
+    def stop(self) -> None:
+        if self.learn and self._output and self.max_cached_requests > 0:
+            self.global_trie.add(self._output)
+            self._cached.append(tuple(self._output))
+            while len(self._cached) > self.max_cached_requests:
+                self.global_trie.remove(self._cached.popleft())
+        self._output = []
+        self._request_trie = SuffixTrie(self.global_trie.max_depth)
+        self._stream = SuffixStream(self._request_trie)
