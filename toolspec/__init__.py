@@ -1,7 +1,7 @@
 """ToolSpec: training-free, lossless speculative decoding for LLM tool calls."""
 
 from toolspec.draft_tree import DraftTree
-from toolspec.engine import Engine, Generation, GenerationParams, StepStats
+from toolspec.engine import Engine, Generation, GenerationParams, StepEvent, StepStats
 from toolspec.sampling import SamplingParams
 from toolspec.target_model import TargetModel
 
@@ -11,6 +11,7 @@ __all__ = [
     "Generation",
     "GenerationParams",
     "SamplingParams",
+    "StepEvent",
     "StepStats",
     "TargetModel",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +21,7 @@ from toolspec.formats import CallFormat
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
 from toolspec.target_model import TargetModel, commit_path
+from toolspec.text_stream import TextDeltas
 from toolspec.tools import ToolSet
 from toolspec.verify import Verification, verify
 
@@ -75,6 +76,21 @@ class Generation:
         return total
 
 
+@dataclass(frozen=True)
+class StepEvent:
+    """What one step of ``Engine.stream`` added to the output.
+
+    The first event holds the token chosen after prefill (``stats`` None); every later one a
+    verification step. ``text`` is the new visible text (see ``TextDeltas``). The last event
+    carries the finished ``generation``.
+    """
+
+    tokens: tuple[int, ...]
+    text: str
+    stats: StepStats | None
+    generation: Generation | None = None
+
+
 class Engine:
     """Generates with a target model and any drafter. One sequence at a time.
 
@@ -113,9 +129,29 @@ class Engine:
     ) -> Generation:
         """Generate after ``prompt_ids``; ``tools``, ``call_format``, ``conversation`` (the
         messages' text) and ``tenant`` (whose past calls may be drafted) inform the drafter."""
+        for event in self.stream(prompt_ids, drafter, params, tools, call_format, conversation,
+                                 tenant):
+            if event.generation is not None:
+                return event.generation
+        raise AssertionError("Engine.stream ended without a generation")
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter | None = None,
+        params: GenerationParams = GenerationParams(),
+        tools: ToolSet | None = None,
+        call_format: CallFormat | None = None,
+        conversation: str = "",
+        tenant: str = "default",
+    ) -> Iterator[StepEvent]:
+        """``generate`` one step at a time: a ``StepEvent`` per step, the last one carrying the
+        ``Generation``. Closing the iterator early ends the request (the drafter is stopped).
+        Timings are wall time, so they include any time the consumer held the iterator."""
         drafter = drafter or NoDrafter()
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
+        deltas = TextDeltas(self.tokenizer, params.stop)
         cache = self.model.new_cache()
 
         started = time.perf_counter()
@@ -126,38 +162,43 @@ class Engine:
         prefill_s = time.perf_counter() - started
 
         drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant))
-        drafter.observe(generated)
-        context = [*prompt_ids, *generated]
-        decision = scanner.scan(generated, 1)
-        steps: list[StepStats] = []
-        while decision is None:
-            room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
-            t0 = time.perf_counter()
-            tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
-            t1 = time.perf_counter()
-            base_length = cache.get_seq_length()
-            result = verify(self.model, cache, context[-1], tree, chooser)
-            t2 = time.perf_counter()
-            commit_path(cache, base_length, result.path.rows)
-            self.budget.observe(tree, result.path.nodes)
-            t3 = time.perf_counter()
-            emitted = list(result.emitted)
-            generated.extend(emitted)
-            decision = scanner.scan(generated, len(emitted))
-            if decision is not None and decision.keep < len(emitted):
-                del generated[len(generated) - len(emitted) + decision.keep :]
-                emitted = emitted[: decision.keep]
-            context.extend(emitted)
-            drafter.observe(emitted)
-            t4 = time.perf_counter()
-            if margins is not None:
-                margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
-            steps.append(_step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2))
-        drafter.stop()
+        try:
+            drafter.observe(generated)
+            context = [*prompt_ids, *generated]
+            decision = scanner.scan(generated, 1)
+            emitted, stats = list(generated), None
+            steps: list[StepStats] = []
+            while decision is None:
+                yield StepEvent(tuple(emitted), deltas.update(generated), stats)
+                room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
+                t0 = time.perf_counter()
+                tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+                t1 = time.perf_counter()
+                base_length = cache.get_seq_length()
+                result = verify(self.model, cache, context[-1], tree, chooser)
+                t2 = time.perf_counter()
+                commit_path(cache, base_length, result.path.rows)
+                self.budget.observe(tree, result.path.nodes)
+                t3 = time.perf_counter()
+                emitted = list(result.emitted)
+                generated.extend(emitted)
+                decision = scanner.scan(generated, len(emitted))
+                if decision is not None and decision.keep < len(emitted):
+                    del generated[len(generated) - len(emitted) + decision.keep :]
+                    emitted = emitted[: decision.keep]
+                context.extend(emitted)
+                drafter.observe(emitted)
+                t4 = time.perf_counter()
+                if margins is not None:
+                    margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
+                stats = _step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2)
+                steps.append(stats)
+        finally:
+            drafter.stop()
         decode_s = time.perf_counter() - started - prefill_s
 
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(
+        generation = Generation(
             prompt_tokens=len(prompt_ids),
             tokens=tuple(generated),
             text=cut_at_stop_string(text, decision.stop_string),
@@ -167,6 +208,7 @@ class Engine:
             steps=tuple(steps),
             margins=tuple(margins) if margins is not None else None,
         )
+        yield StepEvent(tuple(emitted), deltas.finish(generation.text), stats, generation)
 
 
 def _step_stats(
