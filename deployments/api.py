@@ -22,6 +22,7 @@ from deployments.admission import AdmissionError, AdmissionPolicy, admit, parse_
 from deployments.messages import (ChatRequest, ReplicaEvent, ReplicaUnavailableError, StreamEnd,
                                   StreamStart, TextStep)
 from deployments.tool_stream import ToolCallStream
+from deployments.tracing import tracer
 from toolspec.formats import get_format
 
 SESSION_HEADER = "x-session-id"
@@ -65,13 +66,20 @@ def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Any:
-        body = parse_body(await http.body())
-        request = admit(body, policy, uuid.uuid4().hex[:24], http.headers.get(SESSION_HEADER))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            return StreamingResponse(_stream(client, request, include_usage),
-                                     media_type="text/event-stream")
-        return await _complete(client, request)
+        with tracer.start_as_current_span("toolspec.request") as span:
+            with tracer.start_as_current_span("toolspec.admission"):
+                body = parse_body(await http.body())
+                request = admit(body, policy, uuid.uuid4().hex[:24],
+                                http.headers.get(SESSION_HEADER))
+            span.set_attributes({"toolspec.request_id": request.request_id,
+                                 "toolspec.stream": body.stream,
+                                 "toolspec.tools": len(request.tools or ())})
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            if body.stream:
+                # The stream outlives this span; its replica call is traced on its own.
+                return StreamingResponse(_stream(client, request, include_usage),
+                                         media_type="text/event-stream")
+            return await _complete(client, request)
 
     return api
 

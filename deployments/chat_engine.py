@@ -13,19 +13,20 @@ not grammar-constrained), and the drafter sees the forced text only as part of t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from toolspec.bench.run import build_engine
 from toolspec.drafters import Drafter, PromptLookupDrafter
 from toolspec.drafters.retrieval import ToolSpecDrafter
 from toolspec.drafters.schema import SchemaDrafter
-from toolspec.engine import GenerationParams, StepEvent
+from toolspec.engine import Engine, GenerationParams, StepEvent
 from toolspec.formats import CallFormat
 from toolspec.library import CallLibrary
-from toolspec.models import DEFAULT_MODEL, dtype_name, load_model
+from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
 
@@ -38,6 +39,7 @@ class EngineSettings:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
     draft_budget: int | Literal["auto"] = 8
+    session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
 
 
 @dataclass(frozen=True)
@@ -48,26 +50,37 @@ class ChatStream:
     prompt_tokens: int
     forced_text: str
     steps: Iterator[StepEvent]
+    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
 
 
 class ChatEngine(Protocol):
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         """Build the prompt and drafter; nothing runs until ``steps`` is advanced."""
 
+    def apply(self, settings: EngineSettings) -> None:
+        """Take new settings of the same model and dtype (budgets)."""
+
 
 class ToolSpecChatEngine:
     """The target model with ToolSpec drafting. Mutates: the engine's budget statistics."""
 
     def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
         self.loaded = load_model(settings.model, settings.dtype)
-        self.set_budget(settings.draft_budget)
+        self.engine = _engine(self.loaded, settings.draft_budget)
+        self.sessions = SessionKVStore(settings.session_kv_bytes)
 
     def describe(self) -> str:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
 
-    def set_budget(self, draft_budget: int | Literal["auto"]) -> None:
-        """Verify ``draft_budget`` nodes per step from now on. Mutates: the engine."""
-        self.engine = build_engine(self.loaded, None if draft_budget == "auto" else draft_budget)
+    def apply(self, settings: EngineSettings) -> None:
+        """Take a new draft budget and session-cache budget (same model and dtype).
+        Mutates: the engine and the session caches (emptied when their budget changes)."""
+        if settings.draft_budget != self.settings.draft_budget:
+            self.engine = _engine(self.loaded, settings.draft_budget)
+        if settings.session_kv_bytes != self.settings.session_kv_bytes:
+            self.sessions = SessionKVStore(settings.session_kv_bytes)
+        self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         tokenizer = self.loaded.tokenizer
@@ -82,11 +95,28 @@ class ToolSpecChatEngine:
         params = GenerationParams(
             max_new_tokens=request.max_tokens, stop=stop,
             sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed))
+        session = request.session_id if self.settings.session_kv_bytes > 0 else None
+        prefix = self.sessions.take(session, prompt) if session else None
         steps = self.engine.stream(prompt, self._drafter(request, library), params,
                                    tools=request.tools, call_format=call_format,
                                    conversation=conversation_text(request.messages),
-                                   tenant=request.tenant)
-        return ChatStream(call_format, len(prompt), forced, steps)
+                                   tenant=request.tenant, prefix=prefix,
+                                   keep_kv=session is not None)
+        if session:
+            steps = self._keeping_kv(session, steps)
+        return ChatStream(call_format, len(prompt), forced, steps,
+                          len(prefix.tokens) if prefix else 0)
+
+    def _keeping_kv(self, session: str, steps: Generator[StepEvent, None, None]
+                    ) -> Iterator[StepEvent]:
+        """``steps``, storing the finished request's cache for the session's next turn."""
+        try:
+            for event in steps:
+                if event.kv is not None:
+                    self.sessions.put(session, event.kv)
+                yield event
+        finally:
+            steps.close()
 
     def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
         tokenizer = self.loaded.tokenizer
@@ -96,6 +126,10 @@ class ToolSpecChatEngine:
             return SchemaDrafter(tokenizer, PromptLookupDrafter())
         # The replica records finished calls itself (locally and in the shared library).
         return ToolSpecDrafter(tokenizer, library, PromptLookupDrafter(), learn=False)
+
+
+def _engine(loaded: LoadedModel, draft_budget: int | Literal["auto"]) -> Engine:
+    return build_engine(loaded, None if draft_budget == "auto" else draft_budget)
 
 
 def forced_call_opening(request: ChatRequest, call_format: CallFormat) -> str:

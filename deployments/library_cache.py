@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from deployments.messages import ChatRequest
+from deployments.tracing import tracer
 from toolspec.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
 
@@ -71,11 +72,13 @@ class LibraryCache:
         kept = [call for call in calls if call.name in offered]
         if not kept:
             return
-        for call in kept:
-            try:
-                self._known.add(self.local.add(call, request.tenant).record_id)
-            except LibraryError as error:
-                logger.warning("call not kept in the local library: %s", error)
+        with tracer.start_as_current_span("toolspec.library.add",
+                                          attributes={"toolspec.calls": len(kept)}):
+            for call in kept:
+                try:
+                    self._known.add(self.local.add(call, request.tenant).record_id)
+                except LibraryError as error:
+                    logger.warning("call not kept in the local library: %s", error)
         if self._remote_up():
             self._spawn(self._send(request.tenant, [(c.name, dict(c.arguments)) for c in kept]))
 

@@ -54,7 +54,7 @@ class StreamStart:
     call_format: str  # a name in toolspec.formats.FORMATS
     prompt_tokens: int
     replica: str  # which replica serves the request (session pinning is observable)
-    prefix_reused: int = 0  # prompt tokens whose KV came from the session's cache
+    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
 
 
 @dataclass(frozen=True)

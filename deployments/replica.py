@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
@@ -19,6 +20,7 @@ from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngi
 from deployments.library_cache import LibraryCache, LibraryRemote
 from deployments.messages import ChatRequest, ReplicaEvent, StreamEnd, StreamStart, TextStep
 from deployments.scheduler import StepScheduler
+from deployments.tracing import record_span, record_step, tracer
 from toolspec.engine import Generation
 from toolspec.formats import ToolCall
 
@@ -40,21 +42,42 @@ class ModelReplica:
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
         """``StreamStart``, a ``TextStep`` per decoding step, then ``StreamEnd``."""
-        if self.library is not None:
-            self.library.prefetch(request)
-        chat = self.engine.open(request, self.library.local if self.library else None)
-        yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name)
-        if chat.forced_text:
-            yield TextStep(chat.forced_text, 0)
-        async for step in self.scheduler.run(chat.steps):
-            if step.text or step.generation is None:
-                yield TextStep(step.text, len(step.tokens))
-            if step.generation is not None:
-                self.served += 1
-                if self.library is not None and request.parses_calls:
-                    self.library.remember(request, chat.call_format.parse(
-                        chat.forced_text + step.generation.text))
-                yield _end(step.generation)
+        # Not a current span: the context would have to cross the generator's yields.
+        span = tracer.start_span("toolspec.generate", attributes={
+            "toolspec.request_id": request.request_id, "toolspec.replica": self.name})
+        try:
+            if self.library is not None:
+                self.library.prefetch(request)
+            chat = self.engine.open(request, self.library.local if self.library else None)
+            span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
+                                 "toolspec.prefix_reused": chat.prefix_reused})
+            yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
+                              chat.prefix_reused)
+            if chat.forced_text:
+                yield TextStep(chat.forced_text, 0)
+            first_step_s = None
+            async for step in self.scheduler.run(chat.steps):
+                now = time.perf_counter()
+                if step.stats is None:
+                    first_step_s = now
+                else:
+                    record_step(step.stats, now, span)
+                if step.text or step.generation is None:
+                    yield TextStep(step.text, len(step.tokens))
+                if step.generation is not None:
+                    generation = step.generation
+                    if first_step_s is not None:
+                        record_span("toolspec.prefill", first_step_s - generation.prefill_s,
+                                    generation.prefill_s, span)
+                    self.served += 1
+                    if self.library is not None and request.parses_calls:
+                        self.library.remember(request, chat.call_format.parse(
+                            chat.forced_text + generation.text))
+                    span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
+                                         "toolspec.steps": len(generation.steps)})
+                    yield _end(generation)
+        finally:
+            span.end()
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
@@ -110,8 +133,8 @@ class ModelServer:
         if (settings.model, settings.dtype) != (self.settings.model, self.settings.dtype):
             logger.info("reloading the engine for %s", asdict(settings))
             self.replica.engine = self.factory(settings)
-        elif hasattr(self.replica.engine, "set_budget"):
-            self.replica.engine.set_budget(settings.draft_budget)
+        else:
+            self.replica.engine.apply(settings)
         self.settings = settings
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:

@@ -35,6 +35,9 @@ class ScriptedChatEngine:
         self.requests: list[ChatRequest] = []
         self.libraries: list[CallLibrary | None] = []
 
+    def apply(self, settings: EngineSettings) -> None:
+        self.settings = settings
+
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         self.requests.append(request)
         self.libraries.append(library)

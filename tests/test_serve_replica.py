@@ -167,3 +167,32 @@ def test_retrieval_actor_down_requests_still_succeed_and_backoff_applies(stored)
     assert cache.failures == 1  # the second request did not wait on the dead actor again
     assert cache.local.stats().calls == 1  # the finished call is still drafted from locally
     cache.close()
+
+
+@pytest.mark.real_model
+def test_second_turn_of_a_session_prefills_only_new_tokens_with_the_same_output() -> None:
+    from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
+
+    engine = ToolSpecChatEngine(EngineSettings("smollm2-135m", "float32", draft_budget=4))
+    replica = ModelReplica(engine, name="r0")
+
+    def turn(messages: list[dict[str, str]], session: str | None) -> tuple[StreamStart, str]:
+        chat = ChatRequest("t", "smollm2-135m", tuple(messages), max_tokens=12, session_id=session)
+
+        async def run() -> list[Any]:
+            return [event async for event in replica.generate(chat)]
+
+        events = asyncio.run(run())
+        return events[0], "".join(e.text for e in events if isinstance(e, TextStep))
+
+    first = [{"role": "user", "content": "Name three colors."}]
+    start, answer = turn(first, "s1")
+    assert start.prefix_reused == 0
+    second = first + [{"role": "assistant", "content": answer},
+                      {"role": "user", "content": "And three fruits?"}]
+    reused_start, reused = turn(second, "s1")
+    fresh_start, fresh = turn(second, None)
+    assert reused_start.prefix_reused > start.prompt_tokens // 2
+    assert fresh_start.prefix_reused == 0 and reused == fresh
+    assert engine.sessions.stats().hits == 1
+    replica.shutdown()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.budget import DraftBudget, FixedBudget
@@ -20,7 +21,7 @@ from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
 from toolspec.formats import CallFormat
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
-from toolspec.target_model import TargetModel, commit_path
+from toolspec.target_model import TargetModel, commit_path, truncate_cache
 from toolspec.text_stream import TextDeltas
 from toolspec.tools import ToolSet
 from toolspec.verify import Verification, verify
@@ -77,6 +78,19 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class KVPrefix:
+    """A KV cache holding exactly the keys and values of ``tokens`` (a prompt's first tokens):
+    what a later request whose prompt starts with ``tokens`` need not prefill again."""
+
+    tokens: tuple[int, ...]
+    cache: DynamicCache
+
+
+class PrefixMismatchError(ValueError):
+    """A KVPrefix that does not fit the prompt it was offered for."""
+
+
+@dataclass(frozen=True)
 class StepEvent:
     """What one step of ``Engine.stream`` added to the output.
 
@@ -89,6 +103,7 @@ class StepEvent:
     text: str
     stats: StepStats | None
     generation: Generation | None = None
+    kv: KVPrefix | None = None  # last event of a stream asked to keep it: prompt + output
 
 
 class Engine:
@@ -144,18 +159,25 @@ class Engine:
         call_format: CallFormat | None = None,
         conversation: str = "",
         tenant: str = "default",
-    ) -> Iterator[StepEvent]:
+        prefix: KVPrefix | None = None,
+        keep_kv: bool = False,
+    ) -> Generator[StepEvent, None, None]:
         """``generate`` one step at a time: a ``StepEvent`` per step, the last one carrying the
         ``Generation``. Closing the iterator early ends the request (the drafter is stopped).
-        Timings are wall time, so they include any time the consumer held the iterator."""
+        Timings are wall time, so they include any time the consumer held the iterator.
+
+        ``prefix``: a cache of the prompt's first tokens; only the rest is prefilled. Mutates:
+        ``prefix.cache`` (it becomes this request's cache). ``keep_kv``: the last event holds
+        the cache of prompt + output (for the next turn of a conversation).
+        """
         drafter = drafter or NoDrafter()
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
         deltas = TextDeltas(self.tokenizer, params.stop)
-        cache = self.model.new_cache()
+        cache, reused = self._start_cache(prompt_ids, prefix)
 
         started = time.perf_counter()
-        prompt_logits = self.model.prefill(cache, prompt_ids)
+        prompt_logits = self.model.prefill(cache, prompt_ids[reused:])
         chooser.bind(prompt_logits[None])
         generated = [chooser.choose(0)]
         margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
@@ -208,7 +230,28 @@ class Engine:
             steps=tuple(steps),
             margins=tuple(margins) if margins is not None else None,
         )
-        yield StepEvent(tuple(emitted), deltas.finish(generation.text), stats, generation)
+        kv = _kv_of(cache, context) if keep_kv else None
+        yield StepEvent(tuple(emitted), deltas.finish(generation.text), stats, generation, kv)
+
+    def _start_cache(self, prompt_ids: Sequence[int], prefix: KVPrefix | None
+                     ) -> tuple[DynamicCache, int]:
+        if prefix is None:
+            return self.model.new_cache(), 0
+        reused = len(prefix.tokens)
+        if reused >= len(prompt_ids) or tuple(prompt_ids[:reused]) != prefix.tokens \
+                or prefix.cache.get_seq_length() != reused:
+            raise PrefixMismatchError(
+                f"a KV prefix of {reused} tokens ({prefix.cache.get_seq_length()} cached) must "
+                f"be a proper prefix of the {len(prompt_ids)}-token prompt")
+        return prefix.cache, reused
+
+
+def _kv_of(cache: DynamicCache, context: Sequence[int]) -> KVPrefix:
+    """``cache`` cut to the context tokens it holds (rows of tokens a stop cut are dropped;
+    the last emitted token was never fed)."""
+    held = min(cache.get_seq_length(), len(context))
+    truncate_cache(cache, held)
+    return KVPrefix(tuple(context[:held]), cache)
 
 
 def _step_stats(
