@@ -21,6 +21,12 @@ from toolspec.tools import ToolSchemaError, ToolSet
 MAX_STOP_STRINGS = 4
 
 
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object every failure answers with."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 class AdmissionError(Exception):
     """A request refused at admission; ``body()`` is the OpenAI error object."""
 
@@ -34,8 +40,7 @@ class AdmissionError(Exception):
         self.kind = kind
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
+        return error_body(self.message, self.kind, self.param, self.code)
 
 
 @dataclass(frozen=True)

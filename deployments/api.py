@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import responses
-from deployments.admission import AdmissionError, AdmissionPolicy, admit, parse_body
+from deployments.admission import AdmissionError, AdmissionPolicy, admit, error_body, parse_body
 from deployments.messages import (ChatRequest, ReplicaEvent, ReplicaUnavailableError, StreamEnd,
                                   StreamStart, TextStep)
 from deployments.tool_stream import ToolCallStream
@@ -51,8 +51,13 @@ def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         # Unknown routes and wrong methods, in the OpenAI error shape too.
-        return JSONResponse(AdmissionError(error.status_code, str(error.detail)).body(),
-                            status_code=error.status_code)
+        return JSONResponse(error_body(str(error.detail)), status_code=error.status_code)
+
+    @api.exception_handler(Exception)
+    async def internal_error(_: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected failure")
+        return JSONResponse(error_body(f"internal error: {type(error).__name__}: {error}",
+                                       "internal_error", code="internal_error"), status_code=500)
 
     @api.get("/health")
     async def health() -> dict[str, str]:
@@ -125,6 +130,11 @@ async def _stream(client: ModelClient, request: ChatRequest, include_usage: bool
         logger.warning("request %s failed mid-stream: %s", request.request_id, error)
         yield responses.sse(_error_body(error))
         yield responses.DONE
+    except Exception as error:  # a fault must not cut the stream without an error event
+        logger.exception("request %s failed mid-stream", request.request_id)
+        yield responses.sse(error_body(f"internal error: {type(error).__name__}: {error}",
+                                       "internal_error", code="internal_error"))
+        yield responses.DONE
 
 
 def from_end(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
@@ -150,8 +160,8 @@ def _output_for(request: ChatRequest, start: StreamStart) -> ToolCallStream:
 
 
 def _error_body(error: ReplicaUnavailableError) -> dict[str, Any]:
-    return AdmissionError(503, f"no model replica could serve the request: {error}",
-                          kind="service_unavailable", code="replica_unavailable").body()
+    return error_body(f"no model replica could serve the request: {error}",
+                      "service_unavailable", code="replica_unavailable")
 
 
 def _unavailable(error: ReplicaUnavailableError) -> JSONResponse:
