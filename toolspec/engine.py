@@ -171,6 +171,24 @@ class Engine:
         the cache of prompt + output (for the next turn of a conversation).
         """
         drafter = drafter or NoDrafter()
+        try:
+            yield from self._decode(prompt_ids, drafter, params, tools, call_format, conversation,
+                                    tenant, prefix, keep_kv)
+        finally:
+            drafter.stop()  # also when the consumer leaves early
+
+    def _decode(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter,
+        params: GenerationParams,
+        tools: ToolSet | None,
+        call_format: CallFormat | None,
+        conversation: str,
+        tenant: str,
+        prefix: KVPrefix | None,
+        keep_kv: bool,
+    ) -> Generator[StepEvent, None, None]:
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
         deltas = TextDeltas(self.tokenizer, params.stop)
@@ -184,39 +202,35 @@ class Engine:
         prefill_s = time.perf_counter() - started
 
         drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant))
-        try:
-            drafter.observe(generated)
-            context = [*prompt_ids, *generated]
-            decision = scanner.scan(generated, 1)
-            emitted, stats = list(generated), None
-            steps: list[StepStats] = []
-            while decision is None:
-                yield StepEvent(tuple(emitted), deltas.update(generated), stats)
-                room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
-                t0 = time.perf_counter()
-                tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
-                t1 = time.perf_counter()
-                base_length = cache.get_seq_length()
-                result = verify(self.model, cache, context[-1], tree, chooser)
-                t2 = time.perf_counter()
-                commit_path(cache, base_length, result.path.rows)
-                self.budget.observe(tree, result.path.nodes)
-                t3 = time.perf_counter()
-                emitted = list(result.emitted)
-                generated.extend(emitted)
-                decision = scanner.scan(generated, len(emitted))
-                if decision is not None and decision.keep < len(emitted):
-                    del generated[len(generated) - len(emitted) + decision.keep :]
-                    emitted = emitted[: decision.keep]
-                context.extend(emitted)
-                drafter.observe(emitted)
-                t4 = time.perf_counter()
-                if margins is not None:
-                    margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
-                stats = _step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2)
-                steps.append(stats)
-        finally:
-            drafter.stop()
+        drafter.observe(generated)
+        context = [*prompt_ids, *generated]
+        decision = scanner.scan(generated, 1)
+        steps: list[StepStats] = []
+        emitted = list(generated)
+        while decision is None:
+            yield StepEvent(tuple(emitted), deltas.update(generated), steps[-1] if steps else None)
+            room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
+            t0 = time.perf_counter()
+            tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+            t1 = time.perf_counter()
+            base_length = cache.get_seq_length()
+            result = verify(self.model, cache, context[-1], tree, chooser)
+            t2 = time.perf_counter()
+            commit_path(cache, base_length, result.path.rows)
+            self.budget.observe(tree, result.path.nodes)
+            t3 = time.perf_counter()
+            emitted = list(result.emitted)
+            generated.extend(emitted)
+            decision = scanner.scan(generated, len(emitted))
+            if decision is not None and decision.keep < len(emitted):
+                del generated[len(generated) - len(emitted) + decision.keep :]
+                emitted = emitted[: decision.keep]
+            context.extend(emitted)
+            drafter.observe(emitted)
+            t4 = time.perf_counter()
+            if margins is not None:
+                margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
+            steps.append(_step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2))
         decode_s = time.perf_counter() - started - prefill_s
 
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
@@ -231,7 +245,8 @@ class Engine:
             margins=tuple(margins) if margins is not None else None,
         )
         kv = _kv_of(cache, context) if keep_kv else None
-        yield StepEvent(tuple(emitted), deltas.finish(generation.text), stats, generation, kv)
+        yield StepEvent(tuple(emitted), deltas.finish(generation.text),
+                        steps[-1] if steps else None, generation, kv)
 
     def _start_cache(self, prompt_ids: Sequence[int], prefix: KVPrefix | None
                      ) -> tuple[DynamicCache, int]:
