@@ -17,12 +17,11 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
-from deployments.library_cache import LibraryCache, LibraryRemote
+from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest, ReplicaEvent, StreamEnd, StreamStart, TextStep
 from deployments.scheduler import StepScheduler
 from deployments.tracing import record_span, record_step, tracer
 from toolspec.engine import Generation
-from toolspec.formats import ToolCall
 
 logger = logging.getLogger(__name__)
 EngineFactory = Callable[[EngineSettings], ChatEngine]

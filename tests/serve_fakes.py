@@ -19,13 +19,16 @@ def fixed(*pieces: str) -> Script:
     return lambda request: pieces
 
 
+HELLO = fixed("Hello.")
+
+
 class ScriptedChatEngine:
     """Answers every request with the text pieces ``script`` gives, one piece per step (a
     piece stands for however many tokens a step accepted: one "token" per character).
     ``finish`` is the engine's finish reason; ``step_s`` a pause per step (on the worker
     thread, like a forward pass). Records the requests it was given in ``requests``."""
 
-    def __init__(self, settings: EngineSettings | None = None, script: Script = fixed("Hello."),
+    def __init__(self, settings: EngineSettings | None = None, script: Script = HELLO,
                  call_format: str = "hermes", finish: str = "stop", step_s: float = 0.0) -> None:
         self.settings = settings
         self.script = script
@@ -62,7 +65,8 @@ class ScriptedChatEngine:
             yield StepEvent(ids, piece, stats, generation)
 
 
-def scripted_factory(script: Script, call_format: str = "hermes") -> Callable[[EngineSettings], ScriptedChatEngine]:
+def scripted_factory(script: Script, call_format: str = "hermes"
+                     ) -> Callable[[EngineSettings], ScriptedChatEngine]:
     """An ``engine_factory`` for ``build_app`` (picklable when this module goes by value)."""
     return lambda settings: ScriptedChatEngine(settings, script, call_format)
 

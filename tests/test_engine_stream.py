@@ -65,7 +65,8 @@ def test_a_kept_cache_serves_the_next_turn_with_the_same_output() -> None:
     params = GenerationParams(max_new_tokens=12)
     first_prompt = [random.Random(8).randrange(VOCAB) for _ in range(30)]
     first = list(engine.stream(first_prompt, None, params, keep_kv=True))[-1]
-    assert first.kv is not None and first.kv.tokens == tuple(first_prompt) + first.generation.tokens[:-1]
+    assert first.kv is not None
+    assert first.kv.tokens == tuple(first_prompt) + first.generation.tokens[:-1]
     store = SessionKVStore(budget_bytes=1 << 30, min_reuse=4)
     store.put("s", first.kv)
     # The next turn: the earlier prompt and answer, then new tokens.
@@ -89,7 +90,8 @@ def test_a_prefix_that_does_not_fit_is_refused() -> None:
     with pytest.raises(PrefixMismatchError):
         next(engine.stream([9, 9, 9, 9, 9, 9], None, GenerationParams(), prefix=kv))
     with pytest.raises(PrefixMismatchError):
-        next(engine.stream(list(kv.tokens), None, GenerationParams(), prefix=KVPrefix(kv.tokens, kv.cache)))
+        whole_prompt = KVPrefix(kv.tokens, kv.cache)  # nothing would be left to prefill
+        next(engine.stream(list(kv.tokens), None, GenerationParams(), prefix=whole_prompt))
 
 
 def test_session_caches_are_evicted_least_recently_used_under_the_byte_budget() -> None:

@@ -17,7 +17,8 @@ _INCOMPLETE = "\ufffd"
 class TextDeltas:
     """The new visible text after each step. Mutates: how much text it has handed out."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase,
+                 stop_strings: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self._hold = max((len(s) for s in stop_strings), default=1) - 1
         self.sent = ""
