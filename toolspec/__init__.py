@@ -15,6 +15,7 @@ _EXPORTS = {
     "Generation": "toolspec.engine",
     "GenerationParams": "toolspec.engine",
     "SamplingParams": "toolspec.sampling",
+    "StepEvent": "toolspec.engine",
     "StepStats": "toolspec.engine",
     "TargetModel": "toolspec.target_model",
 }

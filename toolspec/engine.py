@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.budget import DraftBudget, FixedBudget
@@ -21,7 +22,8 @@ from toolspec.formats import CallFormat
 from toolspec.logit_feedback import feed_top_k, logits_observer
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
-from toolspec.target_model import TargetModel, commit_path
+from toolspec.target_model import TargetModel, commit_path, truncate_cache
+from toolspec.text_stream import TextDeltas
 from toolspec.tools import ToolSet
 from toolspec.verify import Verification, verify
 
@@ -76,6 +78,35 @@ class Generation:
         return total
 
 
+@dataclass(frozen=True)
+class KVPrefix:
+    """A KV cache holding exactly the keys and values of ``tokens`` (a prompt's first tokens):
+    what a later request whose prompt starts with ``tokens`` need not prefill again."""
+
+    tokens: tuple[int, ...]
+    cache: DynamicCache
+
+
+class PrefixMismatchError(ValueError):
+    """A KVPrefix that does not fit the prompt it was offered for."""
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one step of ``Engine.stream`` added to the output.
+
+    The first event holds the token chosen after prefill (``stats`` None); every later one a
+    verification step. ``text`` is the new visible text (see ``TextDeltas``). The last event
+    carries the finished ``generation``.
+    """
+
+    tokens: tuple[int, ...]
+    text: str
+    stats: StepStats | None
+    generation: Generation | None = None
+    kv: KVPrefix | None = None  # last event of a stream asked to keep it: prompt + output
+
+
 class Engine:
     """Generates with a target model and any drafter. One sequence at a time.
 
@@ -114,13 +145,58 @@ class Engine:
     ) -> Generation:
         """Generate after ``prompt_ids``; ``tools``, ``call_format``, ``conversation`` (the
         messages' text) and ``tenant`` (whose past calls may be drafted) inform the drafter."""
+        for event in self.stream(prompt_ids, drafter, params, tools, call_format, conversation,
+                                 tenant):
+            if event.generation is not None:
+                return event.generation
+        raise AssertionError("Engine.stream ended without a generation")
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter | None = None,
+        params: GenerationParams = GenerationParams(),
+        tools: ToolSet | None = None,
+        call_format: CallFormat | None = None,
+        conversation: str = "",
+        tenant: str = "default",
+        prefix: KVPrefix | None = None,
+        keep_kv: bool = False,
+    ) -> Generator[StepEvent, None, None]:
+        """``generate`` one step at a time: a ``StepEvent`` per step, the last one carrying the
+        ``Generation``. Closing the iterator early ends the request (the drafter is stopped).
+        Timings are wall time, so they include any time the consumer held the iterator.
+
+        ``prefix``: a cache of the prompt's first tokens; only the rest is prefilled. Mutates:
+        ``prefix.cache`` (it becomes this request's cache). ``keep_kv``: the last event holds
+        the cache of prompt + output (for the next turn of a conversation).
+        """
         drafter = drafter or NoDrafter()
+        try:
+            yield from self._decode(prompt_ids, drafter, params, tools, call_format, conversation,
+                                    tenant, prefix, keep_kv)
+        finally:
+            drafter.stop()  # also when the consumer leaves early
+
+    def _decode(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter,
+        params: GenerationParams,
+        tools: ToolSet | None,
+        call_format: CallFormat | None,
+        conversation: str,
+        tenant: str,
+        prefix: KVPrefix | None,
+        keep_kv: bool,
+    ) -> Generator[StepEvent, None, None]:
         chooser = TokenChooser(params.sampling)
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
-        cache = self.model.new_cache()
+        deltas = TextDeltas(self.tokenizer, params.stop)
+        cache, reused = self._start_cache(prompt_ids, prefix)
 
         started = time.perf_counter()
-        prompt_logits = self.model.prefill(cache, prompt_ids)
+        prompt_logits = self.model.prefill(cache, prompt_ids[reused:])
         chooser.bind(prompt_logits[None])
         generated = [chooser.choose(0)]
         margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
@@ -132,7 +208,9 @@ class Engine:
         context = [*prompt_ids, *generated]
         decision = scanner.scan(generated, 1)
         steps: list[StepStats] = []
+        emitted = list(generated)
         while decision is None:
+            yield StepEvent(tuple(emitted), deltas.update(generated), steps[-1] if steps else None)
             room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
             t0 = time.perf_counter()
             tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
@@ -157,11 +235,10 @@ class Engine:
             if margins is not None:
                 margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
             steps.append(_step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2))
-        drafter.stop()
         decode_s = time.perf_counter() - started - prefill_s
 
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(
+        generation = Generation(
             prompt_tokens=len(prompt_ids),
             tokens=tuple(generated),
             text=cut_at_stop_string(text, decision.stop_string),
@@ -171,6 +248,29 @@ class Engine:
             steps=tuple(steps),
             margins=tuple(margins) if margins is not None else None,
         )
+        kv = _kv_of(cache, context) if keep_kv else None
+        yield StepEvent(tuple(emitted), deltas.finish(generation.text),
+                        steps[-1] if steps else None, generation, kv)
+
+    def _start_cache(self, prompt_ids: Sequence[int], prefix: KVPrefix | None
+                     ) -> tuple[DynamicCache, int]:
+        if prefix is None:
+            return self.model.new_cache(), 0
+        reused = len(prefix.tokens)
+        if reused >= len(prompt_ids) or tuple(prompt_ids[:reused]) != prefix.tokens \
+                or prefix.cache.get_seq_length() != reused:
+            raise PrefixMismatchError(
+                f"a KV prefix of {reused} tokens ({prefix.cache.get_seq_length()} cached) must "
+                f"be a proper prefix of the {len(prompt_ids)}-token prompt")
+        return prefix.cache, reused
+
+
+def _kv_of(cache: DynamicCache, context: Sequence[int]) -> KVPrefix:
+    """``cache`` cut to the context tokens it holds (rows of tokens a stop cut are dropped;
+    the last emitted token was never fed)."""
+    held = min(cache.get_seq_length(), len(context))
+    truncate_cache(cache, held)
+    return KVPrefix(tuple(context[:held]), cache)
 
 
 def _step_stats(

@@ -88,3 +88,10 @@ def commit_path(cache: DynamicCache, base_length: int, kept_rows: Sequence[int])
     surplus = total - base_length - len(kept)
     if surplus > 0:
         cache.crop(-surplus)
+
+
+def truncate_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` rows of ``cache``. Mutates: every layer of ``cache``."""
+    surplus = cache.get_seq_length() - length
+    if surplus > 0:
+        cache.crop(-surplus)

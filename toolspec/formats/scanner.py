@@ -183,6 +183,12 @@ class CallScanner:
         return self._frame(_Role.ARGS) is not None
 
     @property
+    def arguments_start(self) -> int | None:
+        """Offset of the ``{`` of the current call's arguments object, while it is open."""
+        args = self._frame(_Role.ARGS)
+        return args.start if args else None
+
+    @property
     def inside_call(self) -> bool:
         return self._frame(_Role.CALL) is not None
 

@@ -1,0 +1,108 @@
+"""``build_app``: a pydantic ``AppConfig`` becomes the bound Serve deployments.
+
+    Ingress (FastAPI, OpenAI API)  --session_id-->  ModelServer replicas (consistent hash)
+                                                          |  prefetch / add calls
+                                                          v
+                                                    CallLibraryService (one actor, LMDB)
+
+``serve_config.yaml`` points at ``deployments:app_builder`` with ``args`` (this config); its
+per-deployment entries (replicas, actor options, ``user_config``...) override the defaults set
+here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deployments.admission import AdmissionPolicy
+from deployments.chat_engine import EngineSettings
+from deployments.ingress import Ingress
+from deployments.library_service import LibraryService
+from deployments.replica import EngineFactory, ModelServer
+from toolspec.models import DEFAULT_MODEL
+
+SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    draft_budget: int | Literal["auto"] = Field(8, description="nodes verified per step")
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    max_ongoing_requests: int = Field(8, ge=1)
+    session_affinity: bool = True
+
+
+class LibraryConfig(_Strict):
+    enabled: bool = True
+    path: str | None = Field(None, description="default: $TOOLSPEC_HOME/serve-library")
+    shards: int | None = None
+    max_calls: int | None = 100_000
+    seed_file: str | None = Field(None, description="calls to import into an empty library")
+    num_cpus: float = Field(0.5, ge=0)
+
+
+class AppConfig(_Strict):
+    served_model_name: str | None = Field(None, description="the model id clients send")
+    model: ModelConfig = ModelConfig()
+    library: LibraryConfig = LibraryConfig()
+    default_max_tokens: int = Field(256, ge=1)
+    max_tokens_limit: int = Field(2048, ge=1)
+    tenant: str = "default"
+    ingress_replicas: int = Field(1, ge=1)
+
+    def engine_settings(self) -> EngineSettings:
+        return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget)
+
+    def policy(self) -> AdmissionPolicy:
+        return AdmissionPolicy((self.served_model_name or self.model.model,),
+                               self.default_max_tokens, self.max_tokens_limit, self.tenant)
+
+
+def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) -> Application:
+    """The application ``serve.run`` / ``serve deploy`` runs. ``engine_factory`` replaces the
+    real engine (tests)."""
+    library = None
+    if config.library.enabled:
+        library_deployment = serve.deployment(
+            LibraryService, name="CallLibraryService", num_replicas=1,
+            ray_actor_options={"num_cpus": config.library.num_cpus})
+        library = library_deployment.bind(config.library.path, config.library.shards,
+                                          config.library.max_calls, config.library.seed_file)
+    settings = config.engine_settings()
+    router = RequestRouterConfig(request_router_class=SESSION_ROUTER) \
+        if config.model.session_affinity else None
+    model_options: dict[str, Any] = {
+        "name": "ModelServer",
+        "num_replicas": config.model.replicas,
+        "max_ongoing_requests": config.model.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": config.model.num_cpus,
+                              "num_gpus": config.model.num_gpus},
+        # Loading the model takes seconds (a minute on first use, when weights are converted).
+        "health_check_timeout_s": 120,
+        "graceful_shutdown_timeout_s": 30,
+    }
+    if router is not None:
+        model_options["request_router_config"] = router
+    model = serve.deployment(ModelServer, **model_options).bind(
+        asdict(settings), library, engine_factory)
+    ingress = serve.deployment(Ingress, name="Ingress", num_replicas=config.ingress_replicas,
+                               ray_actor_options={"num_cpus": 0.1})
+    return ingress.bind(model, config.policy())
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """Entry point for ``serve_config.yaml`` (``import_path: deployments:app_builder``)."""
+    return build_app(AppConfig.model_validate(args or {}))

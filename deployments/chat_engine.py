@@ -1,0 +1,142 @@
+"""The engine behind a replica: a chat request in, decoding steps out.
+
+``ChatEngine`` is the seam the replica is built on: ``ToolSpecChatEngine`` runs the real model
+with ToolSpec drafting; tests inject a scripted engine. The prompt comes from the model's chat
+template; the drafter from the request's tools and the replica's library view.
+
+``tool_choice`` ``required`` and named force the start of a call: the text up to the tool name
+(required) or up to the arguments (named) is appended to the prompt and shown as output, so the
+model can only continue a call. The arguments themselves stay the model's (lossless decoding,
+not grammar-constrained), and the drafter sees the forced text only as part of the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from deployments.kv_sessions import SessionKVStore
+from deployments.messages import ChatRequest
+from toolspec.bench.run import build_engine
+from toolspec.drafters import Drafter, PromptLookupDrafter
+from toolspec.drafters.retrieval import ToolSpecDrafter
+from toolspec.drafters.schema import SchemaDrafter
+from toolspec.engine import Engine, GenerationParams, StepEvent
+from toolspec.formats import CallFormat
+from toolspec.library import CallLibrary
+from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
+from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What a replica loads: the model, its dtype, and how many draft nodes a step verifies
+    (``auto``: sized to this machine's measured cost curve, measured once and cached)."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    draft_budget: int | Literal["auto"] = 8
+    session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
+
+
+@dataclass(frozen=True)
+class ChatStream:
+    """An opened request: how its output is written, and its steps (not yet run)."""
+
+    call_format: CallFormat
+    prompt_tokens: int
+    forced_text: str
+    steps: Iterator[StepEvent]
+    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
+
+
+class ChatEngine(Protocol):
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+        """Build the prompt and drafter; nothing runs until ``steps`` is advanced."""
+
+    def apply(self, settings: EngineSettings) -> None:
+        """Take new settings of the same model and dtype (budgets)."""
+
+
+class ToolSpecChatEngine:
+    """The target model with ToolSpec drafting. Mutates: the engine's budget statistics."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.loaded = load_model(settings.model, settings.dtype)
+        self.engine = _engine(self.loaded, settings.draft_budget)
+        self.sessions = SessionKVStore(settings.session_kv_bytes)
+
+    def describe(self) -> str:
+        return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
+
+    def apply(self, settings: EngineSettings) -> None:
+        """Take a new draft budget and session-cache budget (same model and dtype).
+        Mutates: the engine and the session caches (emptied when their budget changes)."""
+        if settings.draft_budget != self.settings.draft_budget:
+            self.engine = _engine(self.loaded, settings.draft_budget)
+        if settings.session_kv_bytes != self.settings.session_kv_bytes:
+            self.sessions = SessionKVStore(settings.session_kv_bytes)
+        self.settings = settings
+
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+        tokenizer = self.loaded.tokenizer
+        prompt, call_format = chat_prompt(tokenizer, request.messages,
+                                          request.openai_tools or None)
+        forced = forced_call_opening(request, call_format)
+        if forced:
+            prompt = prompt + tokenizer.encode(forced, add_special_tokens=False)
+        stop = request.stop
+        if request.parses_calls and not request.parallel_tool_calls and call_format.call_close:
+            stop = (*stop, call_format.call_close)  # one call, then the output ends
+        params = GenerationParams(
+            max_new_tokens=request.max_tokens, stop=stop,
+            sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed))
+        session = request.session_id if self.settings.session_kv_bytes > 0 else None
+        prefix = self.sessions.take(session, prompt) if session else None
+        steps = self.engine.stream(prompt, self._drafter(request, library), params,
+                                   tools=request.tools, call_format=call_format,
+                                   conversation=conversation_text(request.messages),
+                                   tenant=request.tenant, prefix=prefix,
+                                   keep_kv=session is not None)
+        if session:
+            steps = self._keeping_kv(session, steps)
+        return ChatStream(call_format, len(prompt), forced, steps,
+                          len(prefix.tokens) if prefix else 0)
+
+    def _keeping_kv(self, session: str, steps: Generator[StepEvent, None, None]
+                    ) -> Iterator[StepEvent]:
+        """``steps``, storing the finished request's cache for the session's next turn."""
+        try:
+            for event in steps:
+                if event.kv is not None:
+                    self.sessions.put(session, event.kv)
+                yield event
+        finally:
+            steps.close()
+
+    def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
+        tokenizer = self.loaded.tokenizer
+        if request.tools is None:
+            return PromptLookupDrafter()
+        if library is None:
+            return SchemaDrafter(tokenizer, PromptLookupDrafter())
+        # The replica records finished calls itself (locally and in the shared library).
+        return ToolSpecDrafter(tokenizer, library, PromptLookupDrafter(), learn=False)
+
+
+def _engine(loaded: LoadedModel, draft_budget: int | Literal["auto"]) -> Engine:
+    return build_engine(loaded, None if draft_budget == "auto" else draft_budget)
+
+
+def forced_call_opening(request: ChatRequest, call_format: CallFormat) -> str:
+    """The output's forced start for ``tool_choice`` required / named ("" otherwise)."""
+    if request.tool_choice not in ("required", "named"):
+        return ""
+    opening = call_format.block_open + call_format.call_open + '{"name": '
+    if request.tool_choice == "required":
+        return opening + '"'
+    return opening + json.dumps(request.named_tool) + f', "{call_format.arguments_key}": '

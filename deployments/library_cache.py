@@ -1,0 +1,130 @@
+"""A replica's local view of the shared call library, filled ahead of use.
+
+The drafter's ``propose`` runs inside the decode loop and must not wait on the network, so it
+reads a local ``CallLibrary`` (an LMDB directory private to this replica, opened in this
+process). When a request starts, the calls its tools are likely to need are fetched from the
+retrieval actor in the background and added to the local view; a draft made before they
+arrive just does not use them, one made after does. Finished calls go into the local view at
+once and to the actor in the background.
+
+If the actor is down or slow, lookups fail fast (a timeout), the replica waits
+``retry_after_s`` before asking again, and decoding goes on with what the local view holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from deployments.messages import ChatRequest
+from deployments.tracing import tracer
+from toolspec.formats import ToolCall
+from toolspec.library import CallLibrary, CallRecord, LibraryError
+
+logger = logging.getLogger(__name__)
+
+
+class LibraryRemote(Protocol):
+    """The retrieval actor as a replica reaches it (a Serve handle in production)."""
+
+    async def top_calls(self, tenant: str, tools: Sequence[str], per_tool: int
+                        ) -> list[CallRecord]: ...
+
+    async def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int: ...
+
+
+class LibraryCache:
+    """Local library view plus background prefetch and write-back.
+
+    Mutates: the local library (prefetched and finished calls); ``fetched``, ``sent`` and
+    ``failures`` counters.
+    """
+
+    def __init__(self, remote: LibraryRemote | None, per_tool: int = 16,
+                 timeout_s: float = 2.0, retry_after_s: float = 5.0,
+                 max_calls: int = 20_000) -> None:
+        self.remote = remote
+        self.per_tool = per_tool
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._directory = tempfile.mkdtemp(prefix="toolspec-replica-library-")
+        self.local = CallLibrary(self._directory, max_calls=max_calls, sync=False)
+        self._known: set[bytes] = set()  # records already copied in (their hits would inflate)
+        self._down_until = 0.0
+        self._tasks: set[asyncio.Task] = set()
+        self.fetched = 0
+        self.sent = 0
+        self.failures = 0
+
+    def prefetch(self, request: ChatRequest) -> None:
+        """Start fetching the stored calls of ``request``'s tools (returns at once)."""
+        if request.tools is not None and self._remote_up():
+            self._spawn(self._fetch(request.tenant, request.tools.names))
+
+    def remember(self, request: ChatRequest, calls: Sequence[ToolCall]) -> None:
+        """Record finished calls locally now and in the shared library in the background."""
+        offered = set(request.tools.names) if request.tools is not None else set()
+        kept = [call for call in calls if call.name in offered]
+        if not kept:
+            return
+        with tracer.start_as_current_span("toolspec.library.add",
+                                          attributes={"toolspec.calls": len(kept)}):
+            for call in kept:
+                try:
+                    self._known.add(self.local.add(call, request.tenant).record_id)
+                except LibraryError as error:
+                    logger.warning("call not kept in the local library: %s", error)
+        if self._remote_up():
+            self._spawn(self._send(request.tenant, [(c.name, dict(c.arguments)) for c in kept]))
+
+    async def drain(self) -> None:
+        """Wait for the background fetches and sends started so far (tests, shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        self.local.close()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    # ---- background work ------------------------------------------------------------------
+
+    def _remote_up(self) -> bool:
+        return self.remote is not None and time.monotonic() >= self._down_until
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, tenant: str, tools: Sequence[str]) -> None:
+        records = await self._call(self.remote.top_calls(tenant, list(tools), self.per_tool))
+        if not records:
+            return
+        fresh = [r for r in records if r.record_id not in self._known]
+        try:
+            for record in fresh:
+                self.local.add(record.call, record.tenant, when=record.last_used or None)
+                self._known.add(record.record_id)
+        except LibraryError as error:
+            logger.warning("prefetched calls not kept in the local library: %s", error)
+        self.fetched += len(fresh)
+
+    async def _send(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        if await self._call(self.remote.add_calls(tenant, calls)) is not None:
+            self.sent += len(calls)
+
+    async def _call(self, awaitable: Any) -> Any:
+        """``awaitable``'s result, or None when the actor fails or is slow (then back off)."""
+        try:
+            return await asyncio.wait_for(awaitable, self.timeout_s)
+        except Exception as error:  # Ray raises many kinds (actor died, unavailable, timeout)
+            self.failures += 1
+            self._down_until = time.monotonic() + self.retry_after_s
+            logger.warning("retrieval actor unavailable (%s); decoding without it for %.0f s",
+                           type(error).__name__, self.retry_after_s)
+            return None

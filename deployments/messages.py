@@ -1,0 +1,89 @@
+"""What travels between the ingress and a model replica: frozen, picklable, no pydantic.
+
+The ingress admits an HTTP request into a ``ChatRequest``; the replica answers with a
+``StreamStart``, one ``TextStep`` per decoding step (several tokens when drafts are accepted)
+and a ``StreamEnd``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+from toolspec.tools import ToolSet
+
+ToolChoiceMode = Literal["auto", "none", "required", "named"]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """An admitted chat completion request: validated, with its tools parsed.
+
+    ``tools`` are the tools the prompt offers (for ``tool_choice`` named: only that one);
+    ``openai_tools`` the same as OpenAI dicts for the chat template. ``tenant`` names whose
+    past calls may be drafted.
+    """
+
+    request_id: str
+    model: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: ToolSet | None = None
+    openai_tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: ToolChoiceMode = "auto"
+    named_tool: str | None = None
+    parallel_tool_calls: bool = True
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    session_id: str | None = None
+    tenant: str = "default"
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the output is read for tool calls (tools offered and not turned off)."""
+        return self.tools is not None and len(self.tools) > 0 and self.tool_choice != "none"
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Sent once, before any text: how to read the output that follows."""
+
+    call_format: str  # a name in toolspec.formats.FORMATS
+    prompt_tokens: int
+    replica: str  # which replica serves the request (session pinning is observable)
+    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
+
+
+@dataclass(frozen=True)
+class TextStep:
+    """One decoding step: the visible text it added and how many tokens it emitted."""
+
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """Sent last: why decoding ended and what speculation achieved."""
+
+    finish_reason: Literal["stop", "length"]
+    completion_tokens: int
+    steps: int
+    accepted_by_source: Mapping[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def mat(self) -> float:
+        """Mean tokens per verification step (the token chosen after prefill not counted)."""
+        return (self.completion_tokens - 1) / self.steps if self.steps else 0.0
+
+
+ReplicaEvent = Union[StreamStart, TextStep, StreamEnd]
+
+
+class ReplicaUnavailableError(RuntimeError):
+    """The model replica could not take or finish the request (it died or was shut down)."""

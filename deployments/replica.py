@@ -1,0 +1,146 @@
+"""A model replica: one loaded engine serving many requests, interleaved step by step.
+
+``ModelReplica`` is a plain class (tests drive it with a scripted engine, no Ray);
+``ModelServer`` is what the builder deploys: it builds the engine from its settings (once, or
+again when ``user_config`` names another model) and the library view from the retrieval
+actor's handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import asdict, replace
+from typing import Any
+
+from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
+from deployments.library_cache import LibraryCache
+from deployments.messages import ChatRequest, ReplicaEvent, StreamEnd, StreamStart, TextStep
+from deployments.scheduler import StepScheduler
+from deployments.tracing import record_span, record_step, tracer
+from toolspec.engine import Generation
+
+logger = logging.getLogger(__name__)
+EngineFactory = Callable[[EngineSettings], ChatEngine]
+
+
+class ModelReplica:
+    """Runs requests on ``engine`` through a ``StepScheduler``; records finished calls in
+    ``library`` (if any). Mutates: the library view; the scheduler's queue."""
+
+    def __init__(self, engine: ChatEngine, library: LibraryCache | None = None,
+                 name: str | None = None) -> None:
+        self.engine = engine
+        self.library = library
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.scheduler = StepScheduler()
+        self.served = 0
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
+        """``StreamStart``, a ``TextStep`` per decoding step, then ``StreamEnd``."""
+        # Not a current span: the context would have to cross the generator's yields.
+        span = tracer.start_span("toolspec.generate", attributes={
+            "toolspec.request_id": request.request_id, "toolspec.replica": self.name})
+        try:
+            if self.library is not None:
+                self.library.prefetch(request)
+            chat = self.engine.open(request, self.library.local if self.library else None)
+            span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
+                                 "toolspec.prefix_reused": chat.prefix_reused})
+            yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
+                              chat.prefix_reused)
+            if chat.forced_text:
+                yield TextStep(chat.forced_text, 0)
+            first_step_s = None
+            async for step in self.scheduler.run(chat.steps):
+                now = time.perf_counter()
+                if step.stats is None:
+                    first_step_s = now
+                else:
+                    record_step(step.stats, now, span)
+                if step.text or step.generation is None:
+                    yield TextStep(step.text, len(step.tokens))
+                if step.generation is not None:
+                    generation = step.generation
+                    if first_step_s is not None:
+                        record_span("toolspec.prefill", first_step_s - generation.prefill_s,
+                                    generation.prefill_s, span)
+                    self.served += 1
+                    if self.library is not None and request.parses_calls:
+                        self.library.remember(request, chat.call_format.parse(
+                            chat.forced_text + generation.text))
+                    span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
+                                         "toolspec.steps": len(generation.steps)})
+                    yield _end(generation)
+        finally:
+            span.end()
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown()
+        if self.library is not None:
+            self.library.close()
+
+
+def _end(generation: Generation) -> StreamEnd:
+    return StreamEnd(
+        finish_reason=generation.finish_reason,
+        completion_tokens=len(generation.tokens),
+        steps=len(generation.steps),
+        accepted_by_source=dict(generation.accepted_by_source()),
+        prefill_s=generation.prefill_s,
+        decode_s=generation.decode_s,
+    )
+
+
+class ServeLibraryRemote:
+    """The retrieval actor through its Serve deployment handle."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[Any]:
+        return await self.handle.top_calls.remote(tenant, tools, per_tool)
+
+    async def add_calls(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> int:
+        return await self.handle.add_calls.remote(tenant, calls)
+
+
+class ModelServer:
+    """The Serve deployment class of model replicas.
+
+    ``settings``: the ``EngineSettings`` fields; ``user_config`` (``reconfigure``) may change
+    them later — another model or dtype reloads the engine, the rest applies in place.
+    ``engine_factory`` builds the engine (tests pass a scripted one). ``library``: the
+    retrieval actor's handle, or None to draft without retrieval.
+    """
+
+    def __init__(self, settings: Mapping[str, Any], library: Any = None,
+                 engine_factory: EngineFactory | None = None) -> None:
+        self.factory: EngineFactory = engine_factory or ToolSpecChatEngine
+        self.settings = EngineSettings(**settings)
+        cache = LibraryCache(ServeLibraryRemote(library)) if library is not None else None
+        self.replica = ModelReplica(self.factory(self.settings), cache)
+
+    def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Apply ``user_config`` (EngineSettings fields). Mutates: the engine, if needed."""
+        settings = replace(self.settings, **dict(user_config))
+        if settings == self.settings:
+            return
+        if (settings.model, settings.dtype) != (self.settings.model, self.settings.dtype):
+            logger.info("reloading the engine for %s", asdict(settings))
+            self.replica.engine = self.factory(settings)
+        else:
+            self.replica.engine.apply(settings)
+        self.settings = settings
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
+        async for event in self.replica.generate(request):
+            yield event
+
+    def __del__(self) -> None:
+        replica = getattr(self, "replica", None)
+        if replica is not None:
+            replica.shutdown()

@@ -1,0 +1,86 @@
+"""OpenAI response bodies: ``chat.completion``, ``chat.completion.chunk`` and SSE framing.
+
+The ``toolspec`` extension object reports what speculation did for the request: mean tokens
+per verification step (MAT), accepted draft tokens per draft source, and the step count.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deployments.messages import ChatRequest, StreamEnd, StreamStart
+from deployments.tool_stream import OutputDelta, ToolCallStream
+
+DONE = "data: [DONE]\n\n"
+
+
+def finish_reason(end: StreamEnd, output: ToolCallStream) -> str:
+    if end.finish_reason == "length":
+        return "length"
+    return "tool_calls" if output.tool_calls else "stop"
+
+
+def usage(start: StreamStart, end: StreamEnd) -> dict[str, int]:
+    return {"prompt_tokens": start.prompt_tokens, "completion_tokens": end.completion_tokens,
+            "total_tokens": start.prompt_tokens + end.completion_tokens}
+
+
+def extension(start: StreamStart, end: StreamEnd) -> dict[str, Any]:
+    return {"mat": round(end.mat, 4), "steps": end.steps,
+            "accepted_by_source": dict(end.accepted_by_source),
+            "prefill_s": round(end.prefill_s, 4), "decode_s": round(end.decode_s, 4),
+            "call_format": start.call_format, "replica": start.replica,
+            "prefix_reused_tokens": start.prefix_reused}
+
+
+def completion(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
+               output: ToolCallStream) -> dict[str, Any]:
+    """The whole ``chat.completion`` for a finished (and ``finish``-ed) ``output``."""
+    message: dict[str, Any] = {"role": "assistant", "content": output.content}
+    calls = output.tool_calls
+    if calls:
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
+    return {
+        "id": f"chatcmpl-{request.request_id}", "object": "chat.completion", "created": created,
+        "model": request.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": finish_reason(end, output)}],
+        "usage": usage(start, end),
+        "toolspec": extension(start, end),
+    }
+
+
+def chunk(request: ChatRequest, created: int, delta: dict[str, Any],
+          finish: str | None = None, **extra: Any) -> str:
+    """One SSE event holding a ``chat.completion.chunk``."""
+    body = {"id": f"chatcmpl-{request.request_id}", "object": "chat.completion.chunk",
+            "created": created, "model": request.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            **extra}
+    return sse(body)
+
+
+def delta_body(delta: OutputDelta) -> dict[str, Any]:
+    """An ``OutputDelta`` as the ``delta`` of a chunk."""
+    body: dict[str, Any] = {}
+    if delta.content:
+        body["content"] = delta.content
+    if delta.tool_calls:
+        fragments = []
+        for call in delta.tool_calls:
+            function: dict[str, Any] = {"arguments": call.arguments}
+            fragment: dict[str, Any] = {"index": call.index, "function": function}
+            if call.name is not None:
+                fragment["id"] = call.id
+                fragment["type"] = "function"
+                function["name"] = call.name
+            fragments.append(fragment)
+        body["tool_calls"] = fragments
+    return body
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"

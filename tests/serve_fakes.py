@@ -1,0 +1,82 @@
+"""A scripted chat engine and an in-process model client: the served system without a model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+
+from deployments.chat_engine import ChatStream, EngineSettings
+from deployments.messages import ChatRequest, ReplicaEvent
+from deployments.replica import ModelReplica
+from toolspec.engine import Generation, StepEvent, StepStats
+from toolspec.formats import get_format
+from toolspec.library import CallLibrary
+
+Script = Callable[[ChatRequest], Sequence[str]]
+
+
+def fixed(*pieces: str) -> Script:
+    return lambda request: pieces
+
+
+HELLO = fixed("Hello.")
+
+
+class ScriptedChatEngine:
+    """Answers every request with the text pieces ``script`` gives, one piece per step (a
+    piece stands for however many tokens a step accepted: one "token" per character).
+    ``finish`` is the engine's finish reason; ``step_s`` a pause per step (on the worker
+    thread, like a forward pass). Records the requests it was given in ``requests``."""
+
+    def __init__(self, settings: EngineSettings | None = None, script: Script = HELLO,
+                 call_format: str = "hermes", finish: str = "stop", step_s: float = 0.0) -> None:
+        self.settings = settings
+        self.script = script
+        self.call_format = call_format
+        self.finish = finish
+        self.step_s = step_s
+        self.requests: list[ChatRequest] = []
+        self.libraries: list[CallLibrary | None] = []
+
+    def apply(self, settings: EngineSettings) -> None:
+        self.settings = settings
+
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+        self.requests.append(request)
+        self.libraries.append(library)
+        return ChatStream(get_format(self.call_format), 11, "", self._steps(list(self.script(request))))
+
+    def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
+        tokens: list[int] = []
+        steps: list[StepStats] = []
+        for number, piece in enumerate(pieces):
+            time.sleep(self.step_s)
+            ids = tuple(ord(char) for char in piece)
+            tokens.extend(ids)
+            stats = None
+            if number:
+                stats = StepStats(len(ids) + 2, len(ids) - 1, len(ids), 0.0, 0.0, 0.0,
+                                  {"schema": len(ids) - 1})
+                steps.append(stats)
+            generation = None
+            if number == len(pieces) - 1:
+                generation = Generation(11, tuple(tokens), "".join(pieces), self.finish, 0.01,
+                                        0.02, tuple(steps))
+            yield StepEvent(ids, piece, stats, generation)
+
+
+def scripted_factory(script: Script, call_format: str = "hermes"
+                     ) -> Callable[[EngineSettings], ScriptedChatEngine]:
+    """An ``engine_factory`` for ``build_app`` (picklable when this module goes by value)."""
+    return lambda settings: ScriptedChatEngine(settings, script, call_format)
+
+
+class LocalModelClient:
+    """``ModelClient`` calling a ``ModelReplica`` in process (what the Serve handle does)."""
+
+    def __init__(self, replica: ModelReplica) -> None:
+        self.replica = replica
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
+        async for event in self.replica.generate(request):
+            yield event

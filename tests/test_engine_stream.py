@@ -1,0 +1,109 @@
+"""``Engine.stream``: the step events add up to exactly what ``generate`` returns."""
+
+import random
+
+from helpers import ToyTokenizer, tiny_model
+from toolspec import Engine, GenerationParams, TargetModel
+from toolspec.drafters import OracleDrafter
+
+VOCAB = 96
+
+
+def _engine() -> Engine:
+    return Engine(TargetModel(tiny_model("qwen2", VOCAB)), ToyTokenizer(), budget=12,
+                  stop_token_ids=[])
+
+
+def test_events_add_up_to_the_generation_with_many_tokens_per_step() -> None:
+    engine = _engine()
+    prompt = [random.Random(7).randrange(VOCAB) for _ in range(20)]
+    params = GenerationParams(max_new_tokens=40)
+    plain = engine.generate(prompt, None, params)
+    events = list(engine.stream(prompt, OracleDrafter(plain.tokens), params))
+    final = events[-1].generation
+    assert final is not None and all(e.generation is None for e in events[:-1])
+    assert final.tokens == plain.tokens
+    assert tuple(t for e in events for t in e.tokens) == plain.tokens
+    assert "".join(e.text for e in events) == plain.text
+    assert events[0].stats is None and max(len(e.tokens) for e in events) > 1
+    assert [e.stats for e in events[1:]] == list(final.steps)
+
+
+def test_text_deltas_never_show_a_stop_string() -> None:
+    engine = _engine()
+    prompt = [3, 1, 4, 1, 5]
+    free = engine.generate(prompt, None, GenerationParams(max_new_tokens=30))
+    stop = f"<{free.tokens[10]}><{free.tokens[11]}>"
+    params = GenerationParams(max_new_tokens=30, stop=(stop,))
+    for drafter in (None, OracleDrafter(free.tokens)):
+        shown = ""
+        for event in engine.stream(prompt, drafter, params):
+            shown += event.text
+            assert stop not in shown
+        assert shown == event.generation.text
+
+
+def test_closing_the_stream_early_stops_the_drafter() -> None:
+    class Recording(OracleDrafter):
+        stopped = False
+
+        def stop(self) -> None:
+            Recording.stopped = True
+
+    engine = _engine()
+    stream = engine.stream([1, 2, 3], Recording((5,) * 30), GenerationParams(max_new_tokens=30))
+    next(stream)
+    next(stream)
+    stream.close()
+    assert Recording.stopped
+
+
+def test_a_kept_cache_serves_the_next_turn_with_the_same_output() -> None:
+    from deployments.kv_sessions import SessionKVStore
+
+    engine = _engine()
+    params = GenerationParams(max_new_tokens=12)
+    first_prompt = [random.Random(8).randrange(VOCAB) for _ in range(30)]
+    first = list(engine.stream(first_prompt, None, params, keep_kv=True))[-1]
+    assert first.kv is not None
+    assert first.kv.tokens == tuple(first_prompt) + first.generation.tokens[:-1]
+    store = SessionKVStore(budget_bytes=1 << 30, min_reuse=4)
+    store.put("s", first.kv)
+    # The next turn: the earlier prompt and answer, then new tokens.
+    second_prompt = list(first_prompt) + list(first.generation.tokens) + [5, 6, 7]
+    prefix = store.take("s", second_prompt)
+    assert prefix is not None and len(prefix.tokens) == len(first_prompt) + 11
+    fresh = engine.generate(second_prompt, OracleDrafter(()), params)
+    reused = list(engine.stream(second_prompt, None, params, prefix=prefix))[-1].generation
+    assert reused.tokens == fresh.tokens
+    assert store.stats().hits == 1 and store.take("s", second_prompt) is None  # taken
+
+
+def test_a_prefix_that_does_not_fit_is_refused() -> None:
+    import pytest
+
+    from toolspec.engine import KVPrefix, PrefixMismatchError
+
+    engine = _engine()
+    kv = list(engine.stream([1, 2, 3, 4], None, GenerationParams(max_new_tokens=2),
+                            keep_kv=True))[-1].kv
+    with pytest.raises(PrefixMismatchError):
+        next(engine.stream([9, 9, 9, 9, 9, 9], None, GenerationParams(), prefix=kv))
+    with pytest.raises(PrefixMismatchError):
+        whole_prompt = KVPrefix(kv.tokens, kv.cache)  # nothing would be left to prefill
+        next(engine.stream(list(kv.tokens), None, GenerationParams(), prefix=whole_prompt))
+
+
+def test_session_caches_are_evicted_least_recently_used_under_the_byte_budget() -> None:
+    from deployments.kv_sessions import SessionKVStore, cache_bytes
+
+    engine = _engine()
+    kvs = [list(engine.stream([i + 1] * 20, None, GenerationParams(max_new_tokens=3),
+                              keep_kv=True))[-1].kv for i in range(3)]
+    size = cache_bytes(kvs[0])
+    store = SessionKVStore(budget_bytes=2 * size + size // 2, min_reuse=4)
+    for name, kv in zip("abc", kvs):
+        store.put(name, kv)
+    assert store.stats().sessions == 2 and store.stats().bytes <= store.budget_bytes
+    assert store.take("a", [1] * 30) is None  # the oldest went first
+    assert store.take("c", [3] * 30) is not None

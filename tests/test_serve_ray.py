@@ -1,0 +1,130 @@
+"""The served system on a real local Ray: session pinning across replicas, a dead retrieval
+actor, and the real default model through the ``openai`` client, streaming and not, with the
+same output as plain decoding in process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
+from deployments.tool_stream import ToolCallStream
+from serve_fakes import fixed, scripted_factory
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def chat(base: str, session: str | None = None, **fields: Any) -> dict[str, Any]:
+    headers = {"x-session-id": session} if session else {}
+    payload = {"model": "qwen2.5-coder-0.5b", "tools": [WEATHER],
+               "messages": [{"role": "user", "content": "Weather in Oslo?"}], **fields}
+    response = httpx.post(f"{base}/v1/chat/completions", json=payload, headers=headers,
+                          timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def scripted_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    config = AppConfig(
+        model=ModelConfig(replicas=2, num_cpus=0),
+        library=LibraryConfig(path=str(tmp_path_factory.mktemp("library")), num_cpus=0))
+    serve.run(build_app(config, scripted_factory(fixed(CALL[:20], CALL[20:]))),
+              name="scripted", route_prefix="/scripted")
+    yield f"{ray_serve}/scripted"
+    serve.delete("scripted")
+
+
+def test_a_session_stays_on_one_replica_across_two(scripted_app: str) -> None:
+    pinned = {chat(scripted_app, "session-a")["toolspec"]["replica"] for _ in range(6)}
+    assert len(pinned) == 1
+    spread = {chat(scripted_app, f"session-{i}")["toolspec"]["replica"] for i in range(16)}
+    assert len(spread) == 2  # other sessions land on the other replica too
+    by_user = {chat(scripted_app, None, user="bob")["toolspec"]["replica"] for _ in range(4)}
+    assert len(by_user) == 1
+
+
+def test_requests_succeed_with_the_retrieval_actor_dead(scripted_app: str) -> None:
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if "CallLibraryService" in a["name"] and "scripted" in a["name"]]
+    assert names, "the retrieval actor is not running"
+    for actor in names:
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    for i in range(3):
+        body = chat(scripted_app, f"after-kill-{i}")
+        call = body["choices"][0]["message"]["tool_calls"][0]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+
+
+@pytest.mark.real_model
+def test_openai_client_gets_plain_decodings_calls_from_the_default_model(
+        ray_serve: str, tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    from toolspec import Engine, GenerationParams, TargetModel
+    from toolspec.datasets import load_apibank, sample_path
+    from toolspec.models import load_model
+    from toolspec.prompts import chat_prompt
+    from toolspec.tools import ToolSet
+
+    # An API-Bank dialogue as an OpenAI client sends it: the tools in ``tools`` (the chat
+    # template lists them), not in API-Bank's own system prompt. The item with the shortest
+    # prompt and call keeps the test to three short generations.
+    item = load_apibank(sample_path(), limit=2)[1]
+    tools = [tool.openai() for tool in item.tools]
+    messages = [dict(m) for m in item.messages if m["role"] != "system"]
+    config = AppConfig(model=ModelConfig(model="qwen2.5-coder-0.5b", dtype="float32",
+                                         draft_budget=8, num_cpus=1),
+                       library=LibraryConfig(path=str(tmp_path / "library"), num_cpus=0),
+                       default_max_tokens=64)
+    serve.run(build_app(config), name="real", route_prefix="/real")
+    try:
+        client = openai.OpenAI(base_url=f"{ray_serve}/real/v1", api_key="unused", timeout=300)
+        plain = client.chat.completions.create(model="qwen2.5-coder-0.5b", messages=messages,
+                                               tools=tools)
+        chunks = list(client.chat.completions.create(
+            model="qwen2.5-coder-0.5b", messages=messages, tools=tools, stream=True))
+    finally:
+        serve.delete("real")
+
+    loaded = load_model("qwen2.5-coder-0.5b", "float32")
+    prompt, call_format = chat_prompt(loaded.tokenizer, messages,
+                                      [t.openai() for t in ToolSet.from_openai(tools)])
+    reference = Engine(TargetModel(loaded.model), loaded.tokenizer).generate(
+        prompt, None, GenerationParams(max_new_tokens=64))
+    expected = ToolCallStream(call_format, "ref")
+    expected.feed(reference.text)
+    expected.finish()
+    assert expected.tool_calls, f"the model made no call: {reference.text!r}"
+    want = [(c.name, c.arguments) for c in expected.tool_calls]
+    assert want[0][0] == item.reference_calls[0]["name"]
+
+    message = plain.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == want
+    assert message.content == expected.content
+    assert plain.choices[0].finish_reason == "tool_calls"
+    assert plain.usage.completion_tokens == len(reference.tokens)
+    assert plain.model_extra["toolspec"]["steps"] < len(reference.tokens) - 1  # drafts accepted
+
+    streamed: dict[int, list[str]] = {}
+    content = ""
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for fragment in delta.tool_calls or []:
+            if fragment.index not in streamed:
+                assert fragment.function.name and fragment.id
+                streamed[fragment.index] = [fragment.function.name, ""]
+            streamed[fragment.index][1] += fragment.function.arguments or ""
+    assert [tuple(streamed[i]) for i in sorted(streamed)] == want
+    assert content == (expected.content or "")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
