@@ -239,12 +239,13 @@ def write_summary(out: Path, document: Mapping[str, Any]) -> None:
 
 
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
-    header = f"{'method':<10}{'decode tok/s':>13}{'e2e tok/s':>11}{'MAT':>7}{'decode x':>10}" \
+    width = max(10, *(len(method) + 2 for method in summary))
+    header = f"{'method':<{width}}{'decode tok/s':>13}{'e2e tok/s':>11}{'MAT':>7}{'decode x':>10}" \
              f"{'e2e x':>8}{'identical':>11}"
     lines = [header, "-" * len(header)]
     for method, m in summary.items():
         lines.append(
-            f"{method:<10}{m['decode_tokens_per_s']:>13.2f}{m['e2e_tokens_per_s']:>11.2f}"
+            f"{method:<{width}}{m['decode_tokens_per_s']:>13.2f}{m['e2e_tokens_per_s']:>11.2f}"
             f"{m['mat']:>7.2f}{m['decode_speedup']:>9.2f}x{m['e2e_speedup']:>7.2f}x"
             f"{m['identical_to_ar']:>11.2%}"
         )
