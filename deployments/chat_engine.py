@@ -13,6 +13,7 @@ not grammar-constrained), and the drafter sees the forced text only as part of t
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -20,9 +21,10 @@ from typing import Literal, Protocol
 from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from toolspec.bench.run import build_engine
-from toolspec.drafters import Drafter, PromptLookupDrafter
+from toolspec.drafters import Drafter
 from toolspec.drafters.retrieval import ToolSpecDrafter
 from toolspec.drafters.schema import SchemaDrafter
+from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 from toolspec.engine import Engine, GenerationParams, StepEvent
 from toolspec.formats import CallFormat
 from toolspec.library import CallLibrary
@@ -69,6 +71,7 @@ class ToolSpecChatEngine:
         self.loaded = load_model(settings.model, settings.dtype)
         self.engine = _engine(self.loaded, settings.draft_budget)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
+        self.suffix_caches = TenantSuffixCaches()
 
     def describe(self) -> str:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
@@ -120,12 +123,30 @@ class ToolSpecChatEngine:
 
     def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
         tokenizer = self.loaded.tokenizer
+        # Values and free text: suffix trees over this tenant's earlier outputs and the prompt.
+        fallback = SuffixDecodingDrafter(cache=self.suffix_caches.get(request.tenant))
         if request.tools is None:
-            return PromptLookupDrafter()
+            return fallback
         if library is None:
-            return SchemaDrafter(tokenizer, PromptLookupDrafter())
+            return SchemaDrafter(tokenizer, fallback)
         # The replica records finished calls itself (locally and in the shared library).
-        return ToolSpecDrafter(tokenizer, library, PromptLookupDrafter(), learn=False)
+        return ToolSpecDrafter(tokenizer, library, fallback, learn=False)
+
+
+class TenantSuffixCaches:
+    """One ``SuffixOutputCache`` per tenant (one tenant's outputs never shape another's drafts),
+    the ``max_tenants`` most recently used kept. Mutates: the map, on ``get``."""
+
+    def __init__(self, max_tenants: int = 256) -> None:
+        self.max_tenants = max_tenants
+        self._caches: OrderedDict[str, SuffixOutputCache] = OrderedDict()
+
+    def get(self, tenant: str) -> SuffixOutputCache:
+        cache = self._caches.pop(tenant, None) or SuffixOutputCache()
+        self._caches[tenant] = cache
+        while len(self._caches) > self.max_tenants:
+            self._caches.popitem(last=False)
+        return cache
 
 
 def _engine(loaded: LoadedModel, draft_budget: int | Literal["auto"]) -> Engine:

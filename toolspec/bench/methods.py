@@ -63,14 +63,18 @@ METHODS: dict[str, MethodBuilder] = {
     "samd": _persistent(lambda s: SamDecodingDrafter()),
     "recycling": _persistent(lambda s: TokenRecyclingDrafter()),
     "suffix": _persistent(lambda s: SuffixDecodingDrafter()),
-    "toolspec-schema": _persistent(lambda s: SchemaDrafter(s.tokenizer, PromptLookupDrafter())),
+    # ToolSpec drafts values and free text with `suffix`, the best baseline (docs/baselines.md).
+    "toolspec-schema": _persistent(lambda s: SchemaDrafter(s.tokenizer, SuffixDecodingDrafter())),
     # The benchmark fills the library itself (learn=False), after every method ran on an item.
     "toolspec-retrieval": _persistent(lambda s: RetrievalDrafter(
-        s.tokenizer, _library(s), PromptLookupDrafter(), learn=False)),
+        s.tokenizer, _library(s), SuffixDecodingDrafter(), learn=False)),
     "toolspec": _persistent(lambda s: ToolSpecDrafter(
+        s.tokenizer, _library(s), SuffixDecodingDrafter(), learn=False)),
+    # Ablation: the full method over the paper's prompt-lookup fallback.
+    "toolspec-pld": _persistent(lambda s: ToolSpecDrafter(
         s.tokenizer, _library(s), PromptLookupDrafter(), learn=False)),
 }
-RETRIEVAL_METHODS = frozenset({"toolspec-retrieval", "toolspec"})
+RETRIEVAL_METHODS = frozenset({"toolspec-retrieval", "toolspec", "toolspec-pld"})
 
 
 class UnknownMethodError(ValueError):

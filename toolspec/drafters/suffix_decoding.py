@@ -19,6 +19,28 @@ from toolspec.drafters.best_first import Candidate, ScoredTree, best_first_tree
 from toolspec.drafters.suffix_trie import SuffixStream, SuffixTrie, TrieNode
 
 
+class SuffixOutputCache:
+    """The global trie over earlier requests' outputs: a FIFO of at most ``max_cached_requests``.
+
+    One cache can serve many drafters (a replica's concurrent requests), so what one request
+    produced helps the next whichever drafter object decodes it. Mutates: the trie, on ``add``.
+    """
+
+    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10_000) -> None:
+        self.max_cached_requests = max_cached_requests
+        self.trie = SuffixTrie(max_depth)
+        self._cached: deque[tuple[int, ...]] = deque()
+
+    def add(self, output: Sequence[int]) -> None:
+        """Counts ``output``'s suffixes; evicts the oldest outputs beyond the cap."""
+        if not output or self.max_cached_requests <= 0:
+            return
+        self.trie.add(output)
+        self._cached.append(tuple(output))
+        while len(self._cached) > self.max_cached_requests:
+            self.trie.remove(self._cached.popleft())
+
+
 class SuffixDecodingDrafter:
     """Suffix-trie drafts over past outputs and the current request.
 
@@ -26,9 +48,11 @@ class SuffixDecodingDrafter:
     plus draft); ``max_spec_factor`` = 1.0 and ``max_spec_offset`` = 0.0 (a match of m tokens
     drafts at most m nodes, and never more than the step's budget); ``min_token_prob`` = 0.1,
     the least path probability drafted; ``max_cached_requests`` = 10000 outputs in the global
-    trie, oldest evicted first (0 disables it). With ``learn``, a request's output joins the
-    global trie at ``stop`` — never before, so it only helps later requests.
-    Mutates: the global trie and its cache (across requests), the request's trie (per request).
+    trie, oldest evicted first (0 disables it). ``cache`` shares the global trie with other
+    drafters (then ``max_depth``/``max_cached_requests`` are the cache's). With ``learn``, a
+    request's output joins the global trie at ``stop`` — never before, so it only helps later
+    requests.
+    Mutates: the global trie (across requests), the request's trie (per request).
     """
 
     name = "suffix"
@@ -41,17 +65,22 @@ class SuffixDecodingDrafter:
         min_token_prob: float = 0.1,
         max_cached_requests: int = 10_000,
         learn: bool = True,
+        cache: SuffixOutputCache | None = None,
     ) -> None:
         self.max_spec_factor = max_spec_factor
         self.max_spec_offset = max_spec_offset
         self.min_token_prob = min_token_prob
-        self.max_cached_requests = max_cached_requests
         self.learn = learn
-        self.global_trie = SuffixTrie(max_depth)
-        self._cached: deque[tuple[int, ...]] = deque()
-        self._request_trie = SuffixTrie(max_depth)
+        if cache is None:
+            cache = SuffixOutputCache(max_depth, max_cached_requests)
+        self.cache = cache
+        self._request_trie = SuffixTrie(self.cache.trie.max_depth)
         self._stream = SuffixStream(self._request_trie)
         self._output: list[int] = []
+
+    @property
+    def global_trie(self) -> SuffixTrie:
+        return self.cache.trie
 
     def start(self, request: DraftRequest) -> None:
         self._request_trie = SuffixTrie(self.global_trie.max_depth)
@@ -87,11 +116,8 @@ class SuffixDecodingDrafter:
         self._output.extend(emitted)
 
     def stop(self) -> None:
-        if self.learn and self._output and self.max_cached_requests > 0:
-            self.global_trie.add(self._output)
-            self._cached.append(tuple(self._output))
-            while len(self._cached) > self.max_cached_requests:
-                self.global_trie.remove(self._cached.popleft())
+        if self.learn:
+            self.cache.add(self._output)
         self._output = []
         self._request_trie = SuffixTrie(self.global_trie.max_depth)
         self._stream = SuffixStream(self._request_trie)
