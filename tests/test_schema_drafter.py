@@ -140,3 +140,31 @@ def test_schema_drafting_is_lossless_on_a_tiny_model(qwen_tokenizer) -> None:
         assert drafted.tokens == plain.tokens
         accepted += sum(step.accepted for step in drafted.steps)
     assert torch.is_tensor(torch.tensor(accepted))
+
+
+def test_candidates_reach_a_fallback_that_wants_them(qwen_tokenizer) -> None:
+    """The engine hands top-k candidates to the drafter it holds; a tool-call drafter passes
+    them on to its fallback (Token Recycling learns from them), and wants none otherwise."""
+    from collections.abc import Sequence
+
+    from toolspec.drafters.recycling import TokenRecyclingDrafter
+    from toolspec.logit_feedback import logits_observer
+
+    class Recorder(TokenRecyclingDrafter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fed: list[tuple[tuple[int, ...], list[list[int]]]] = []
+
+        def observe_logits(self, tokens: Sequence[int], top_k_ids: Sequence[Sequence[int]]) -> None:
+            self.fed.append((tuple(tokens), [list(ids) for ids in top_k_ids]))
+            super().observe_logits(tokens, top_k_ids)
+
+    fallback = Recorder()
+    drafter = SchemaDrafter(qwen_tokenizer, fallback)
+    assert logits_observer(drafter) is drafter
+    assert drafter.logits_top_k == fallback.logits_top_k
+    top_k = [list(range(fallback.logits_top_k)), list(range(1, fallback.logits_top_k + 1))]
+    drafter.observe_logits((5, 7), top_k)
+    assert fallback.fed == [((5, 7), top_k)]
+    assert logits_observer(SchemaDrafter(qwen_tokenizer, PromptLookupDrafter())) is None
+    assert logits_observer(SchemaDrafter(qwen_tokenizer, None)) is None

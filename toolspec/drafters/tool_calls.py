@@ -20,6 +20,7 @@ from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.drafters.call_grammar import CLOSE, Segment, TextDraft
 from toolspec.drafters.style import StyleMemory
 from toolspec.formats import CallFormat, CallScanner, JsonStyle
+from toolspec.logit_feedback import logits_observer
 from toolspec.token_continuation import TokenContinuer
 
 
@@ -119,6 +120,18 @@ class ToolCallDrafter:
             self._tracker.extend(emitted)
         if self.fallback is not None:
             self.fallback.observe(emitted)
+
+    @property
+    def logits_top_k(self) -> int:
+        """The fallback's wish for the target's top-k candidates (0 when it has none)."""
+        observer = logits_observer(self.fallback)
+        return observer.logits_top_k if observer is not None else 0
+
+    def observe_logits(self, tokens: Sequence[int], top_k_ids: Sequence[Sequence[int]]) -> None:
+        """Pass a verification's candidates on to the fallback. Mutates: the fallback."""
+        observer = logits_observer(self.fallback)
+        if observer is not None:
+            observer.observe_logits(tokens, top_k_ids)
 
     def stop(self) -> None:
         if self._tracker is not None and self._request is not None:
