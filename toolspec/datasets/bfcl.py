@@ -1,15 +1,18 @@
 """BFCL v4 (Berkeley Function Calling Leaderboard) from the ``bfcl-eval`` package's data files.
 
-``bfcl:<category>`` names a category (``simple_python``, ``multiple``, ``parallel``,
-``parallel_multiple``, ``live_simple``, ...). Questions are JSON lines with chat messages and
-function definitions; ground truths list the acceptable values of each argument. The package is
-installed with ``--no-deps`` and never imported: its files are located on disk.
+``bfcl:<category>`` names a single-turn category whose ground truth ships with the package:
+``simple_python``, ``multiple``, ``parallel``, ``parallel_multiple``, ``live_simple``,
+``live_multiple``, ``live_parallel``, ``live_parallel_multiple``, ``simple_java``,
+``simple_javascript``. Questions are JSON lines with chat messages and function definitions;
+ground truths list the acceptable values of each argument. The package is installed with
+``--no-deps`` and never imported: its files are located on disk.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,12 @@ from toolspec.tools import ToolSet
 
 PACKAGE = "bfcl_eval"
 INSTALL_HINT = "pip install --no-deps bfcl-eval==2026.3.23"
+# Single-turn categories with function definitions and ground-truth calls (BFCL's AST set).
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_simple",
+              "live_multiple", "live_parallel", "live_parallel_multiple", "simple_java",
+              "simple_javascript")
+# Categories whose parameters are typed in another language; BFCL passes them as strings.
+STRING_TYPED = {"simple_java": "Java", "simple_javascript": "JavaScript"}
 
 
 def data_dir() -> Path:
@@ -30,7 +39,9 @@ def data_dir() -> Path:
 
 
 def categories() -> list[str]:
-    return sorted(p.stem.removeprefix("BFCL_v4_") for p in data_dir().glob("BFCL_v4_*.json"))
+    """The categories this loader reads whose files are present."""
+    directory = data_dir()
+    return [c for c in CATEGORIES if (directory / f"BFCL_v4_{c}.json").is_file()]
 
 
 def _json_lines(path: Path) -> list[dict[str, Any]]:
@@ -41,37 +52,83 @@ def reference_calls(ground_truth: list[dict[str, Any]]) -> tuple[dict[str, Any],
     """One concrete call per ground-truth entry: each argument's first acceptable value.
 
     An argument whose first acceptable value is ``""`` is optional and left out (BFCL's way of
-    writing "may be omitted").
+    writing "may be omitted"). A nested object's acceptable values are resolved the same way.
     """
-    calls = []
-    for entry in ground_truth:
-        (name, arguments), = entry.items()
-        chosen = {key: values[0] for key, values in arguments.items()
-                  if values and values[0] != ""}
-        calls.append({"name": name, "arguments": chosen})
-    return tuple(calls)
+    return tuple({"name": name, "arguments": _first_values(arguments)}
+                 for entry in ground_truth for name, arguments in entry.items())
+
+
+def _first_values(arguments: Mapping[str, list[Any]]) -> dict[str, Any]:
+    chosen = {}
+    for key, values in arguments.items():
+        if values and values[0] != "":
+            chosen[key] = _resolved(values[0])
+    return chosen
+
+
+def _resolved(value: Any) -> Any:
+    """A value with every nested object of acceptable values (all its values lists, BFCL's
+    way inside dict and list arguments) replaced by its first choices."""
+    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
+        return _first_values(value)
+    if isinstance(value, list):
+        return [_resolved(v) for v in value]
+    return value
+
+
+def answers(ground_truth: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The ground truth as scoring takes it: per call its name and acceptable values."""
+    return tuple({"name": name, "arguments": arguments}
+                 for entry in ground_truth for name, arguments in entry.items())
+
+
+def _string_typed(function: Mapping[str, Any], language: str) -> dict[str, Any]:
+    """``function`` with every parameter a string holding a ``language`` value (as BFCL runs
+    these categories: their types — ``HashMap``, ``String``, ``any`` — are not JSON Schema)."""
+    parameters = dict(function.get("parameters") or {})
+    properties = {}
+    for name, schema in (parameters.get("properties") or {}).items():
+        kind = schema.get("type", "any")
+        description = str(schema.get("description", "")).rstrip()
+        properties[name] = {
+            "type": "string",
+            "description": f"{description} This is {language} {kind} type parameter in string "
+                           f"representation.".strip(),
+        }
+    parameters.update(type="object", properties=properties)
+    return {**function, "parameters": parameters}
 
 
 def load_bfcl(category: str, limit: int | None = None) -> list[BenchItem]:
+    """The first ``limit`` items (all when None) of a category, in file order."""
+    if category not in CATEGORIES:
+        raise DatasetFormatError(
+            f"BFCL category {category!r} is not supported (multi-turn, agentic and irrelevance "
+            f"categories have no single ground-truth call); supported: {', '.join(CATEGORIES)}")
     directory = data_dir()
     questions_path = directory / f"BFCL_v4_{category}.json"
-    if not questions_path.is_file():
-        raise DatasetFormatError(
-            f"no BFCL category {category!r}; available: {', '.join(categories())}"
-        )
     answers_path = directory / "possible_answer" / f"BFCL_v4_{category}.json"
-    answers = ({a["id"]: a["ground_truth"] for a in _json_lines(answers_path)}
-               if answers_path.is_file() else {})
+    if not questions_path.is_file() or not answers_path.is_file():
+        raise DatasetFormatError(
+            f"BFCL category {category!r}: data or answers missing in {directory}; present: "
+            f"{', '.join(categories())}")
+    truths = {a["id"]: a["ground_truth"] for a in _json_lines(answers_path)}
+    language = STRING_TYPED.get(category)
     items = []
     for record in _json_lines(questions_path)[:limit]:
         turns = record["question"]
         messages = tuple(turns[0]) if turns and isinstance(turns[0], list) else tuple(turns)
-        tools = ToolSet.from_functions(record["function"])
+        functions = [_string_typed(f, language) if language else f for f in record["function"]]
+        tools = ToolSet.from_functions(functions)
+        if record["id"] not in truths:
+            raise DatasetFormatError(f"{answers_path}: no ground truth for {record['id']}")
+        truth = truths[record["id"]]
         items.append(BenchItem(
             id=record["id"],
             messages=messages,
-            reference_calls=reference_calls(answers.get(record["id"], [])),
+            reference_calls=reference_calls(truth),
             tools=tools,
             openai_tools=tuple(tool.openai() for tool in tools),
+            answers=answers(truth),
         ))
     return items

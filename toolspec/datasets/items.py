@@ -21,3 +21,8 @@ class BenchItem:
     tools: ToolSet | None = None  # the callable tools, as schemas
     # Tools to hand to the chat template (OpenAI form); None when the prompt already lists them.
     openai_tools: tuple[Mapping[str, Any], ...] | None = None
+    # What scoring accepts, BFCL style: per expected call ``{"name", "arguments": {parameter:
+    # [acceptable values]}}``, ``""`` among the values meaning "may be left out"; None: exactly
+    # ``reference_calls``.
+    answers: tuple[Mapping[str, Any], ...] | None = None
+    ordered: bool = False  # the calls must come in reference order (a nested sequence)

@@ -1,0 +1,100 @@
+"""Dataset loaders: every BFCL category used and every NESTFUL split parse, with their counts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolspec.datasets import DatasetFormatError, load_dataset
+from toolspec.datasets import bfcl, nestful
+
+BFCL_COUNTS = {
+    "simple_python": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200,
+    "live_simple": 258, "live_multiple": 1053, "live_parallel": 16, "live_parallel_multiple": 24,
+    "simple_java": 100, "simple_javascript": 50,
+}
+NESTFUL_COUNTS = {"executable": 85, "sgd": 46, "glaive": 169}
+
+
+def _bfcl_data() -> Path:
+    try:
+        return bfcl.data_dir()
+    except DatasetFormatError as error:
+        pytest.skip(f"bfcl-eval not installed ({error})")
+
+
+def _nestful_data() -> Path:
+    try:
+        return nestful.data_dir()
+    except DatasetFormatError as error:
+        pytest.skip(f"nestful-wrapper not installed ({error})")
+
+
+@pytest.mark.parametrize("category", list(BFCL_COUNTS))
+def test_every_bfcl_category_parses(category: str) -> None:
+    _bfcl_data()
+    items = load_dataset(f"bfcl:{category}")
+    assert len(items) == BFCL_COUNTS[category]
+    assert len({item.id for item in items}) == len(items)
+    for item in items:
+        assert item.messages[-1]["role"] == "user" and item.tools and item.openai_tools
+        assert item.answers and len(item.answers) == len(item.reference_calls)
+        offered = set(item.tools.names)
+        assert all(call["name"] in offered for call in item.reference_calls)
+    if category.startswith("parallel") or category.startswith("live_parallel"):
+        assert any(len(item.reference_calls) > 1 for item in items)
+
+
+def test_bfcl_lists_its_categories_and_refuses_multi_turn() -> None:
+    _bfcl_data()
+    assert bfcl.categories() == list(BFCL_COUNTS)
+    with pytest.raises(DatasetFormatError, match="not supported"):
+        load_dataset("bfcl:multi_turn_base")
+
+
+def test_bfcl_nested_acceptable_values_resolve_to_first_choices() -> None:
+    truth = [{"f": {"a": [{"x": [1, 2], "y": [""]}], "b": ["", "opt"], "c": [[{"z": [3]}]]}}]
+    assert bfcl.reference_calls(truth) == ({"name": "f", "arguments": {
+        "a": {"x": 1}, "c": [{"z": 3}]}},)
+    assert bfcl.answers(truth) == ({"name": "f", "arguments": truth[0]["f"]},)
+
+
+def test_java_parameters_become_strings() -> None:
+    _bfcl_data()
+    item = load_dataset("bfcl:simple_java", 2)[1]
+    schema = item.tools.tools[0].parameters["properties"]
+    assert {p["type"] for p in schema.values()} == {"string"}
+    assert "Java" in schema["params"]["description"]
+
+
+@pytest.mark.parametrize("split", list(NESTFUL_COUNTS))
+def test_every_nestful_split_parses(split: str) -> None:
+    _nestful_data()
+    items = load_dataset(f"nestful:{split}")
+    assert len(items) == NESTFUL_COUNTS[split]
+    for item in items:
+        assert item.ordered and item.reference_calls
+        assert all(call["name"] != nestful.RESULT for call in item.reference_calls)
+        assert {call["name"] for call in item.reference_calls} == set(item.tools.names)
+
+
+def test_nestful_file_relabels_calls_and_uses_its_spec(tmp_path: Path) -> None:
+    spec = [{"name": "find", "description": "Find a place.",
+             "query_parameters": {"query": {"description": "what", "required": True,
+                                            "allowed_values": []},
+                                  "kind": {"type": "Date (yyyy-mm-dd)", "required": False}}},
+            {"name": "book", "query_parameters": {"id": {"type": "string", "required": True}}}]
+    data = [{"input": " Find and book it. ", "output": [
+        {"name": "find", "arguments": {"query": "x"}, "label": "var3"},
+        {"name": "book", "arguments": {"id": "$var3.id$"}, "label": "var7"},
+        {"name": "var_result", "arguments": {"r": "$var7$"}}]}]
+    (tmp_path / "toy-data.json").write_text(json.dumps(data))
+    (tmp_path / "toy-spec.json").write_text(json.dumps(spec))
+    item, = load_dataset(f"nestful:{tmp_path / 'toy-data.json'}")
+    assert item.id == "toy-0" and item.messages[-1]["content"] == "Find and book it."
+    assert item.reference_calls == ({"name": "find", "arguments": {"query": "x"}},
+                                     {"name": "book", "arguments": {"id": "$var1.id$"}})
+    find = item.tools.get("find")
+    assert find.required == ("query",) and "type" not in find.properties["kind"]
+    with pytest.raises(DatasetFormatError, match="split"):
+        load_dataset("nestful:unknown")
