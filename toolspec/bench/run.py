@@ -19,7 +19,9 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
 from toolspec.budget import CostAwareBudget, DraftBudget
-from toolspec.bench.methods import BASELINE, METHODS, MethodSetup
+from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup
+from toolspec.bench.scoring import score_output
+from toolspec.bench.states import acceptance_by_state, state_counts
 from toolspec.datasets import BenchItem
 from toolspec.engine import Engine, Generation, GenerationParams
 from toolspec.formats import CallFormat, ToolCall
@@ -48,6 +50,13 @@ class ItemResult:
     first_difference: int | None  # first position where the output differs from ar's
     ar_margin: float | None  # ar's top-1 minus top-2 logit at that position (near-tie if small)
     library_calls: int | None = None  # calls stored in the run's library when the item began
+    # Recorded since the report (None in older items.jsonl):
+    call_correct: bool | None = None  # parsed calls match the ground truth (bench.scoring)
+    format_adherent: bool | None = None  # the output parses as calls in the expected format
+    wrapped: bool | None = None  # ... inside the format's wrappers (``<tool_call>`` tags, ...)
+    step_accepted: list[int] | None = None  # draft tokens accepted by each verification step
+    tokens_by_state: dict[str, int] | None = None  # decode tokens written in each call state
+    drafted_by_state: dict[str, int] | None = None  # ... of which accepted from a draft
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -58,11 +67,14 @@ def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | Non
 
 
 def _item_result(item: BenchItem, method: str, generation: Generation, ar: Generation,
-                 library_calls: int | None) -> ItemResult:
+                 library_calls: int | None, tokenizer: PreTrainedTokenizerBase,
+                 call_format: CallFormat) -> ItemResult:
     difference = first_difference(generation.tokens, ar.tokens)
     margin = None
     if difference is not None and ar.margins is not None and difference < len(ar.margins):
         margin = ar.margins[difference]
+    score = score_output(item, generation.text, call_format)
+    by_state, drafted = state_counts(tokenizer, generation.tokens, generation.steps, call_format)
     return ItemResult(
         item=item.id,
         method=method,
@@ -78,6 +90,12 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
         first_difference=difference,
         ar_margin=margin,
         library_calls=library_calls,
+        call_correct=score.call_correct,
+        format_adherent=score.format_adherent,
+        wrapped=score.wrapped,
+        step_accepted=[step.accepted for step in generation.steps],
+        tokens_by_state=by_state,
+        drafted_by_state=drafted,
     )
 
 
@@ -120,13 +138,13 @@ def run_items(
             continue
         stored = library.stats().calls if library is not None else None
         ar = engine.generate(prompt, None, ar_params)
-        yield _item_result(item, BASELINE, ar, ar, stored)
+        yield _item_result(item, BASELINE, ar, ar, stored, tokenizer, item_format)
         for method in methods[1:]:
             generation = engine.generate(prompt, drafter_for[method](ar.tokens), params,
                                          tools=item.tools, call_format=item_format,
                                          conversation=conversation_text(item.messages),
                                          tenant=tenant)
-            yield _item_result(item, method, generation, ar, stored)
+            yield _item_result(item, method, generation, ar, stored, tokenizer, item_format)
         if library is not None:
             remember_calls(library, item, item_format.parse(ar.text), tenant)
 
@@ -141,7 +159,9 @@ def remember_calls(library: CallLibrary, item: BenchItem, calls: Sequence[ToolCa
 
 
 def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per method: throughput (ratio of totals), speed-ups vs ar, MAT, identity, divergences."""
+    """Per method: throughput (ratio of totals), speed-ups vs ar, MAT, identity, divergences,
+    call accuracy and format adherence (None where no item was scored), acceptance per call
+    state and, when ``oracle`` ran, ``oracle_fraction``: decode speed-up / the oracle's."""
     summary: dict[str, dict[str, Any]] = {}
     for method in methods:
         rows = [r for r in results if r.method == method]
@@ -168,12 +188,27 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
                 {"item": r.item, "position": r.first_difference, "ar_margin": r.ar_margin}
                 for r in rows if not r.identical_to_ar
             ],
+            "call_accuracy": _mean(r.call_correct for r in rows),
+            "format_adherence": _mean(r.format_adherent for r in rows),
+            "wrapper_adherence": _mean(r.wrapped for r in rows),
+            "acceptance_by_state": acceptance_by_state(
+                (r.tokens_by_state, r.drafted_by_state or {}) for r in rows
+                if r.tokens_by_state is not None),
         }
     reference = summary[BASELINE]
     for entry in summary.values():
         entry["decode_speedup"] = _ratio(entry["decode_tokens_per_s"], reference["decode_tokens_per_s"])
         entry["e2e_speedup"] = _ratio(entry["e2e_tokens_per_s"], reference["e2e_tokens_per_s"])
+    if ORACLE in summary:
+        for entry in summary.values():
+            entry["oracle_fraction"] = _ratio(entry["decode_speedup"],
+                                              summary[ORACLE]["decode_speedup"])
     return summary
+
+
+def _mean(flags: Iterable[bool | None]) -> float | None:
+    known = [flag for flag in flags if flag is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _ratio(value: float, reference: float) -> float:
@@ -238,18 +273,27 @@ def write_summary(out: Path, document: Mapping[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps(document, indent=2))
 
 
+def _share(value: float | None, width: int) -> str:
+    return f"{value:>{width}.0%}" if value is not None else f"{'-':>{width}}"
+
+
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     width = max(10, *(len(method) + 2 for method in summary))
     header = f"{'method':<{width}}{'decode tok/s':>13}{'e2e tok/s':>11}{'MAT':>7}{'decode x':>10}" \
-             f"{'e2e x':>8}{'identical':>11}"
+             f"{'e2e x':>8}{'identical':>11}{'call acc':>10}{'format':>8}{'of oracle':>11}"
     lines = [header, "-" * len(header)]
     for method, m in summary.items():
         lines.append(
             f"{method:<{width}}{m['decode_tokens_per_s']:>13.2f}{m['e2e_tokens_per_s']:>11.2f}"
             f"{m['mat']:>7.2f}{m['decode_speedup']:>9.2f}x{m['e2e_speedup']:>7.2f}x"
-            f"{m['identical_to_ar']:>11.2%}"
+            f"{m['identical_to_ar']:>11.2%}{_share(m.get('call_accuracy'), 10)}"
+            f"{_share(m.get('format_adherence'), 8)}{_share(m.get('oracle_fraction'), 11)}"
         )
     return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "–"
 
 
 def format_markdown(document: Mapping[str, Any]) -> str:
@@ -257,12 +301,14 @@ def format_markdown(document: Mapping[str, Any]) -> str:
     lines = [f"{document['model']} {document['dtype']}, {document['items']} items of "
              f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}; "
              f"{document['machine']}", "",
-             "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
+             "| call accuracy | format adherence | of oracle |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, m in document["methods"].items():
         lines.append(f"| {method} | {m['decode_tokens_per_s']:.2f} | {m['e2e_tokens_per_s']:.2f} | "
                      f"{m['mat']:.2f} | {m['decode_speedup']:.2f} | {m['e2e_speedup']:.2f} | "
-                     f"{m['identical_to_ar']:.0%} |")
+                     f"{m['identical_to_ar']:.0%} | {_cell(m.get('call_accuracy'))} | "
+                     f"{_cell(m.get('format_adherence'))} | {_cell(m.get('oracle_fraction'))} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """NESTFUL v1 (nested sequences of API calls) from the ``nestful-wrapper`` package's data files.
 
-``nestful:<split>`` names a split shipped under the package's ``data_v1/`` folder — ``executable``,
-``sgd``, ``glaive`` or ``complexfuncbench`` — and ``nestful:<path>-data.json`` any file of that
+``nestful:<split>`` names a split shipped under the package's ``data_v1/`` folder —
+``executable``, ``sgd``, ``glaive`` or ``complexfuncbench`` (1000 samples in a 100 MB file, slow
+to load) — and ``nestful:<path>-data.json`` any file of that
 shape (its tool catalogue is the ``<path>-spec.json`` next to it). A sample is a user request
 and the sequence of calls that answers it; later calls take earlier calls' outputs as argument
 values written ``$var1.field$`` (``var<i>`` labels the i-th call). The closing ``var_result``

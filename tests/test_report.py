@@ -1,0 +1,240 @@
+"""The benchmark report on toy results: scoring, summary metrics, plots and the report page."""
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from toolspec.bench.analysis import (Run, history_label, read_item_results, read_run,
+                                     step_accepted, tool_history)
+from toolspec.bench.report import (ReportConfigError, goal_rows, load_config, plot_runs,
+                                   write_report)
+from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
+from toolspec.bench.scoring import adheres_to_format, calls_match, score_output, value_matches
+from toolspec.bench.states import state_counts
+from toolspec.cli import main
+from toolspec.datasets import BenchItem
+from toolspec.engine import StepStats
+from toolspec.formats import ToolCall, get_format
+from toolspec.tools import ToolSet
+
+TOOLS = ToolSet.from_functions([
+    {"name": "weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string"}, "days": {"type": "integer"},
+        "flag": {"type": "string"}}}},
+    {"name": "book", "parameters": {"type": "object", "properties": {
+        "options": {"type": "object", "properties": {"size": {"type": "string"}}}}}},
+])
+
+
+def bfcl_item(answers: tuple, ordered: bool = False) -> BenchItem:
+    return BenchItem("toy-0", ({"role": "user", "content": "?"},), (), TOOLS, None, answers,
+                     ordered)
+
+
+WEATHER = {"name": "weather", "arguments": {"city": ["San Francisco", "SF"], "unit": ["", "c"],
+                                            "days": [3]}}
+
+
+def test_calls_match_any_acceptable_value_and_optional_arguments() -> None:
+    answer = (WEATHER,)
+    assert calls_match([ToolCall("weather", {"city": "san francisco", "days": 3})], answer, TOOLS)
+    assert calls_match([ToolCall("weather", {"city": "SF", "unit": "c", "days": 3.0})], answer)
+    assert not calls_match([ToolCall("weather", {"city": "SF"})], answer)  # days is required
+    assert not calls_match([ToolCall("weather", {"city": "LA", "days": 3})], answer)
+    assert not calls_match([ToolCall("weather", {"city": "SF", "days": 3, "x": 1})], answer)
+    assert not calls_match([ToolCall("book", {"city": "SF", "days": 3})], answer)
+    assert not calls_match([], answer)
+
+
+def test_parallel_calls_match_in_any_order_unless_ordered() -> None:
+    la = {"name": "weather", "arguments": {"city": ["LA"], "days": [1]}}
+    calls = [ToolCall("weather", {"city": "LA", "days": 1}),
+             ToolCall("weather", {"city": "SF", "days": 3})]
+    assert calls_match(calls, (WEATHER, la))
+    assert not calls_match(calls, (WEATHER, la), ordered=True)
+    assert calls_match(calls, (la, WEATHER), ordered=True)
+    assert not calls_match(calls[:1] * 2, (WEATHER, la))
+
+
+def test_values_nested_objects_and_string_typed_literals() -> None:
+    assert value_matches({"size": "large"}, {"size": ["large", "L"]})  # acceptable values
+    assert value_matches({"size": "large"}, {"size": "large"})  # a literal object
+    assert value_matches([{"x": 1}], [{"x": [1, 2]}])
+    assert not value_matches([1, 2], [1, 2, 3])
+    assert not value_matches(True, 1) and not value_matches(1, True)
+    assert value_matches("true", True, {"type": "string"})  # Java/JS values given as text
+    assert not value_matches("true", True, {"type": "boolean"})
+    assert value_matches("New-York, NY", "new york ny")
+
+
+def test_format_adherence_and_wrappers() -> None:
+    hermes, apibank = get_format("hermes"), get_format("apibank")
+    call = '{"name": "weather", "arguments": {"city": "SF"}}'
+    assert adheres_to_format(f"<tool_call>\n{call}\n</tool_call>", hermes, TOOLS, wrappers=True)
+    two = f"<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{call}\n</tool_call>"
+    assert adheres_to_format(two, hermes, TOOLS, wrappers=True)
+    fenced = f"```json\n{call}\n```"
+    assert adheres_to_format(fenced, hermes, TOOLS)
+    assert not adheres_to_format(fenced, hermes, TOOLS, wrappers=True)
+    assert not adheres_to_format(call, apibank, TOOLS)  # API-Bank wants "parameters"
+    block = '```<tool_call>\n{"name": "weather", "parameters": {"city": "SF"}}\n</tool_call>\n```'
+    assert adheres_to_format(block, apibank, TOOLS, wrappers=True)
+    assert not adheres_to_format('{"name": "nope", "arguments": {}}', hermes, TOOLS)
+    assert not adheres_to_format("no call here", hermes, TOOLS)
+    score = score_output(bfcl_item((WEATHER,)), fenced.replace('"SF"}', '"SF", "days": 3}'),
+                         hermes)
+    assert score.call_correct and score.format_adherent and not score.wrapped
+
+
+def test_reference_calls_are_the_answer_when_an_item_has_no_acceptable_values() -> None:
+    item = BenchItem("x", (), ({"name": "book", "arguments": {"options": {"size": "L"}}},), TOOLS)
+    text = '{"name": "book", "arguments": {"options": {"size": "l"}}}'
+    assert score_output(item, text, get_format("json")).call_correct
+    assert not score_output(item, text.replace('"l"', '"M"'), get_format("json")).call_correct
+
+
+class CharTokenizer:
+    """One token per character (id = code point)."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def step(accepted: int, emitted: int, sources: dict | None = None) -> StepStats:
+    return StepStats(accepted + 1, accepted, emitted, 0.0, 0.0, 0.0, sources or {})
+
+
+def test_state_counts_split_decode_tokens_into_drafted_and_not() -> None:
+    text = '{"name": "weather", "arguments": {}}'
+    tokens = [ord(c) for c in text]
+    steps = [step(8, 9), step(0, 1)] + [step(0, 1)] * (len(tokens) - 11)
+    written, drafted = state_counts(CharTokenizer(), tokens, steps, get_format("json"))
+    assert sum(written.values()) == len(tokens) - 1
+    assert sum(drafted.values()) == 8
+    assert drafted["call_key"] == 4  # n, a, m, e of "name" came from the draft
+
+
+def result(item: str, method: str, text: str, decode_s: float, steps: int, decode_tokens: int,
+           **extra) -> ItemResult:
+    return ItemResult(item=item, method=method, tokens=[1] * (decode_tokens + 1), text=text,
+                      new_tokens=decode_tokens + 1, decode_tokens=decode_tokens, steps=steps,
+                      prefill_s=0.5, decode_s=decode_s,
+                      accepted_by_source=extra.pop("by_source", {}),
+                      identical_to_ar=True, first_difference=None, ar_margin=None, **extra)
+
+
+def toy_results(items: int = 6) -> list[ItemResult]:
+    out = []
+    for i in range(items):
+        tool = "weather" if i % 3 else "book"
+        text = f'{{"name": "{tool}", "arguments": {{}}}}'
+        scored = {"call_correct": i % 2 == 0, "format_adherent": True, "wrapped": False}
+        out.append(result(f"it-{i}", "ar", text, 4.0, 20, 20, step_accepted=[0] * 20,
+                          tokens_by_state={"text": 20}, drafted_by_state={}, **scored))
+        out.append(result(f"it-{i}", "toolspec", text, 1.0 + i / 10, 5, 20,
+                          step_accepted=[3, 2 + i % 2, 3, 4, 3],
+                          tokens_by_state={"text": 5, "tool_name": 15},
+                          drafted_by_state={"tool_name": 12, "text": 3},
+                          by_source={"schema/name": 12, "suffix": 3}, **scored))
+        out.append(result(f"it-{i}", "oracle", text, 0.5, 1, 20, step_accepted=[19],
+                          by_source={"oracle": 19}, **scored))
+    return out
+
+
+def test_summary_reports_accuracy_adherence_states_and_oracle_fraction() -> None:
+    summary = summarize(toy_results(), ["ar", "toolspec", "oracle"])
+    assert summary["ar"]["call_accuracy"] == summary["toolspec"]["call_accuracy"] == 0.5
+    assert summary["toolspec"]["format_adherence"] == 1.0
+    assert summary["toolspec"]["wrapper_adherence"] == 0.0
+    assert summary["oracle"]["oracle_fraction"] == 1.0
+    assert summary["toolspec"]["oracle_fraction"] == pytest.approx(
+        summary["toolspec"]["decode_speedup"] / summary["oracle"]["decode_speedup"])
+    assert summary["toolspec"]["acceptance_by_state"]["tool_name"] == {
+        "tokens": 90, "drafted": 72, "fraction": 0.8}
+    assert "call acc" in format_table(summary)
+    document = {"model": "m", "dtype": "fp32", "items": 6, "machine": "toy", "methods": summary}
+    assert "| toolspec |" in format_markdown(document)
+
+
+def test_old_items_read_without_the_new_fields(tmp_path: Path) -> None:
+    old = {k: v for k, v in asdict(toy_results(1)[0]).items()
+           if k not in ("call_correct", "format_adherent", "wrapped", "step_accepted",
+                        "tokens_by_state", "drafted_by_state")}
+    (tmp_path / "items.jsonl").write_text(json.dumps(old) + "\n")
+    rows = read_item_results(tmp_path / "items.jsonl")
+    assert rows[0].call_correct is None and rows[0].step_accepted is None
+    summary = summarize(rows, ["ar"])
+    assert summary["ar"]["call_accuracy"] is None and "oracle_fraction" not in summary["ar"]
+
+
+def test_first_steps_and_tool_history_views() -> None:
+    results = toy_results()
+    assert step_accepted(results, "toolspec", 1) == [2, 3, 2, 3, 2, 3]
+    assert step_accepted(results, "ar", 25) == []
+    points = tool_history([results], "toolspec")
+    # book: items 0, 3 (0 and 1 earlier calls); weather: 1, 2, 4, 5 (0, 1, 2, 3 earlier)
+    assert [(p.earlier, p.items) for p in points] == [(0, 2), (1, 2), (2, 1), (3, 1)]
+    assert all(p.mat == 4.0 for p in points)
+    assert points[0].decode_speedup == pytest.approx((40 / 2.1) / (40 / 8))
+    assert [history_label(b) for b in (0, 3, 20)] == ["0", "3-4", "20+"]
+
+
+def write_run(directory: Path, results: list[ItemResult], name: str) -> Run:
+    directory.mkdir(parents=True)
+    methods = list(dict.fromkeys(r.method for r in results))
+    document = {"model": "toy", "dtype": "fp32", "items": len({r.item for r in results}),
+                "machine": "toy machine", "data": name, "methods": summarize(results, methods)}
+    (directory / "results.json").write_text(json.dumps(document))
+    (directory / "items.jsonl").write_text(
+        "".join(json.dumps(asdict(r)) + "\n" for r in results))
+    return read_run(directory)
+
+
+def test_plots_and_report_page_are_written(tmp_path: Path) -> None:
+    runs = [write_run(tmp_path / "a", toy_results(), "a"),
+            write_run(tmp_path / "b", [replace(r, decode_s=r.decode_s * 2)
+                                       for r in toy_results(4)], "b")]
+    images = plot_runs(runs, tmp_path / "png")
+    assert [p.name for p in images] == ["speedup.png", "first_steps.png", "tool_history.png",
+                                        "acceptance.png"]
+    for image in images:
+        assert image.read_bytes()[:4] == b"\x89PNG"
+    page, images = write_report(runs, tmp_path / "docs", "make report")
+    text = page.read_text()
+    assert "`make report`" in text and "toy machine" in text
+    assert "| a | 6 |" in text and "### b" in text
+    assert all(f"(img/{image.name})" in text for image in images)
+    assert (tmp_path / "docs" / "img" / "report_speedup.png").is_file()
+
+
+def test_goal_rows_compare_toolspec_with_the_best_baseline() -> None:
+    summary = {"ar": {"decode_speedup": 1.0}, "pld": {"decode_speedup": 1.5},
+               "suffix": {"decode_speedup": 2.0},
+               "toolspec": {"decode_speedup": 4.0, "oracle_fraction": 0.5}}
+    assert goal_rows(summary) == {"speedup_vs_ar": 4.0, "speedup_vs_best_baseline": 2.0,
+                                  "oracle_fraction": 0.5}
+    assert goal_rows({"ar": {"decode_speedup": 1.0}})["speedup_vs_ar"] is None
+
+
+def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) -> None:
+    write_run(tmp_path / "runs" / "toy-a", toy_results(), "toy-a")
+    config = tmp_path / "report.toml"
+    config.write_text(f'model = "toy"\nmethods = "ar,toolspec,oracle"\n'
+                      f'out = "{tmp_path / "runs"}"\ndocs = "{tmp_path / "docs"}"\n'
+                      f'[[datasets]]\nname = "toy-a"\ndata = "bfcl:simple_python"\nlimit = 50\n')
+    loaded = load_config(config)
+    assert loaded.limited(5).datasets[0].limit == 5
+    assert loaded.limited(500).datasets[0].limit == 50
+    assert main(["bench", "report", "--config", str(config), "--no-run",
+                 "--command-line", "make report LIMIT=2"]) == 0
+    assert "make report LIMIT=2" in (tmp_path / "docs" / "report.md").read_text()
+    assert main(["bench", "plot", str(tmp_path / "runs" / "toy-a"),
+                 "--out", str(tmp_path / "png"), "--prefix", "x_"]) == 0
+    assert (tmp_path / "png" / "x_first_steps.png").is_file()
+    assert main(["bench", "plot", str(tmp_path), "--out", str(tmp_path / "png")]) == 2
+    assert "needs results.json" in capsys.readouterr().err
+    config.write_text('methods = "ar"\n')
+    with pytest.raises(ReportConfigError, match="missing"):
+        load_config(config)

@@ -1,0 +1,113 @@
+"""Reading finished ``toolspec bench`` runs back, and the per-item views the report plots.
+
+A run is a ``--out`` folder: ``results.json`` (the summary) and ``items.jsonl`` (one
+``ItemResult`` per item and method, in item order). Older ``items.jsonl`` files lack the fields
+added for the report; they read with those set to None and the views skip what they lack.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from toolspec.bench.methods import BASELINE
+from toolspec.bench.run import ItemResult
+from toolspec.formats import FORMATS
+
+# Buckets of "earlier calls of the same tool" (lower bounds): 0, 1, 2, 3-4, 5-9, 10-19, 20+.
+HISTORY_BUCKETS = (0, 1, 2, 3, 5, 10, 20)
+
+
+class RunReadError(ValueError):
+    """A folder that is not a finished ``toolspec bench --out`` run."""
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    document: Mapping[str, Any]  # results.json
+    results: tuple[ItemResult, ...]  # items.jsonl, in order
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.document["methods"])
+
+
+def read_item_results(items_jsonl: Path) -> list[ItemResult]:
+    """Every line of ``items_jsonl`` (unknown keys of newer files are ignored)."""
+    known = {f.name for f in fields(ItemResult)}
+    return [ItemResult(**{k: v for k, v in json.loads(line).items() if k in known})
+            for line in items_jsonl.read_text().splitlines() if line.strip()]
+
+
+def read_run(directory: Path, name: str | None = None) -> Run:
+    summary, items = directory / "results.json", directory / "items.jsonl"
+    if not summary.is_file() or not items.is_file():
+        raise RunReadError(
+            f"{directory}: needs results.json and items.jsonl (toolspec bench --out)")
+    return Run(name or directory.name, json.loads(summary.read_text()),
+               tuple(read_item_results(items)))
+
+
+def step_accepted(results: Sequence[ItemResult], method: str, step: int) -> list[int]:
+    """Draft tokens accepted in verification step ``step`` (0-based) of each item of
+    ``method`` that recorded its steps and had that many."""
+    return [r.step_accepted[step] for r in results
+            if r.method == method and r.step_accepted is not None and len(r.step_accepted) > step]
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """Items whose tool had ``earlier`` (bucket lower bound) calls before them in the run."""
+
+    earlier: int
+    items: int
+    mat: float
+    decode_speedup: float  # the method's decode tokens/s over ar's, on these items
+
+
+def tool_history(runs: Sequence[Sequence[ItemResult]], method: str) -> list[HistoryPoint]:
+    """MAT and decode speed-up of ``method`` vs how many calls of the item's tool (the first
+    call of ar's output) plain decoding produced on earlier items of the same run; the items of
+    several ``runs`` (each in item order) are pooled per bucket."""
+    grouped: dict[int, list[tuple[ItemResult, ItemResult]]] = {}
+    parse = FORMATS["json"].parse  # its scanner reads either arguments key
+    for results in runs:
+        by_item: dict[str, dict[str, ItemResult]] = {}
+        for r in results:
+            by_item.setdefault(r.item, {})[r.method] = r
+        seen: Counter[str] = Counter()
+        for rows in by_item.values():
+            if BASELINE not in rows:
+                continue
+            calls = parse(rows[BASELINE].text)
+            if calls and method in rows:
+                bucket = max(b for b in HISTORY_BUCKETS if b <= seen[calls[0].name])
+                grouped.setdefault(bucket, []).append((rows[BASELINE], rows[method]))
+            seen.update(call.name for call in calls)
+    points = []
+    for bucket, pairs in sorted(grouped.items()):
+        steps = sum(m.steps for _, m in pairs)
+        tokens = sum(m.decode_tokens for _, m in pairs)
+        ours = _rate(tokens, sum(m.decode_s for _, m in pairs))
+        ar = _rate(sum(a.decode_tokens for a, _ in pairs), sum(a.decode_s for a, _ in pairs))
+        points.append(HistoryPoint(bucket, len(pairs), tokens / steps if steps else 0.0,
+                                   ours / ar if ar else 0.0))
+    return points
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds else 0.0
+
+
+def history_label(bucket: int) -> str:
+    """``3`` → ``"3-4"``, the last bucket → ``"20+"``."""
+    index = HISTORY_BUCKETS.index(bucket)
+    if index + 1 == len(HISTORY_BUCKETS):
+        return f"{bucket}+"
+    upper = HISTORY_BUCKETS[index + 1] - 1
+    return str(bucket) if upper == bucket else f"{bucket}-{upper}"

@@ -1,0 +1,247 @@
+"""The benchmark report: finished runs → one Markdown page with tables, goal checks and PNGs.
+
+``toolspec bench report --config docs/report.toml`` runs every data set of the config (each
+into ``<out>/<name>/``, resumably, items in data-set order) and then calls ``write_report``;
+``toolspec bench plot`` draws the same PNGs for any run folders.
+"""
+
+from __future__ import annotations
+
+import datetime
+import tomllib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.bench.analysis import Run, step_accepted, tool_history
+from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
+from toolspec.bench.run import ItemResult, format_markdown, summarize
+from toolspec.bench.scoring import score_output
+from toolspec.bench.states import acceptance_by_state
+
+BASELINES = ("pld", "samd", "recycling", "suffix")
+FULL_METHOD = "toolspec"
+GOALS = {"speedup_vs_ar": 5.0, "speedup_vs_best_baseline": 1.7, "oracle_fraction": 0.8}
+FIRST_STEPS = 2
+
+
+class ReportConfigError(ValueError):
+    """A report config that is missing, unreadable or lacks a required entry."""
+
+
+@dataclass(frozen=True)
+class ReportDataset:
+    name: str  # the run folder under ``out`` and the label in the report
+    data: str  # a ``--data`` spec
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    datasets: tuple[ReportDataset, ...]
+    methods: str
+    model: str
+    dtype: str = "auto"
+    budget: str = "auto"
+    max_new_tokens: int = 192
+    out: Path = Path("results/report")
+    docs: Path = Path("docs")
+
+    def limited(self, limit: int | None) -> ReportConfig:
+        """Every data set capped at ``limit`` items (None: as configured)."""
+        if limit is None:
+            return self
+        return replace(self, datasets=tuple(
+            replace(d, limit=min(limit, d.limit) if d.limit is not None else limit)
+            for d in self.datasets))
+
+
+def load_config(path: Path) -> ReportConfig:
+    """A TOML config: top-level run options and ``[[datasets]]`` tables (name, data, limit)."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ReportConfigError(f"{path}: {error}") from None
+    try:
+        datasets = tuple(ReportDataset(str(d["name"]), str(d["data"]), d.get("limit"))
+                         for d in raw["datasets"])
+        methods = str(raw["methods"])
+        model = str(raw["model"])
+    except (KeyError, TypeError) as error:
+        raise ReportConfigError(f"{path}: missing {error} (needs model, methods and "
+                                f"[[datasets]] with name and data)") from None
+    parse_methods(methods)
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise ReportConfigError(f"{path}: data set names must be unique: {names}")
+    base = Path(path).parent
+    return ReportConfig(datasets, methods, model, str(raw.get("dtype", "auto")),
+                        str(raw.get("budget", "auto")), int(raw.get("max_new_tokens", 192)),
+                        Path(raw.get("out", "results/report")), Path(raw.get("docs", base)))
+
+
+def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:
+    """``run`` with call accuracy and format adherence filled in for results recorded before
+    they existed, from the data set's ``items`` and the formats the prompts ask for."""
+    from toolspec.prompts import chat_prompt
+
+    by_id = {item.id: item for item in items}
+    formats: dict[str, Any] = {}
+    results = []
+    for r in run.results:
+        item = by_id.get(r.item)
+        if r.call_correct is None and item is not None:
+            if item.id not in formats:
+                formats[item.id] = chat_prompt(tokenizer, item.messages, item.openai_tools)[1]
+            score = score_output(item, r.text, formats[item.id])
+            r = replace(r, call_correct=score.call_correct, format_adherent=score.format_adherent,
+                        wrapped=score.wrapped)
+        results.append(r)
+    return replace(run, results=tuple(results))
+
+
+def summaries(runs: Sequence[Run]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per run, its methods' summaries recomputed from the items (so newer metrics appear for
+    older runs as far as their items allow)."""
+    return {run.name: summarize(run.results, run.methods) for run in runs}
+
+
+def goal_rows(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """The issue's goals for one data set: toolspec's decode speed-up vs ar and vs the best
+    baseline that ran, and its oracle fraction (None where a method did not run)."""
+    full = summary.get(FULL_METHOD)
+    baselines = [summary[m]["decode_speedup"] for m in BASELINES if m in summary]
+    best = max(baselines) if baselines else None
+    return {
+        "speedup_vs_ar": full["decode_speedup"] if full else None,
+        "speedup_vs_best_baseline": full["decode_speedup"] / best if full and best else None,
+        "oracle_fraction": full.get("oracle_fraction") if full else None,
+    }
+
+
+def plot_runs(runs: Sequence[Run], directory: Path, prefix: str = "") -> list[Path]:
+    """Every report PNG the ``runs`` have data for, written to ``directory``; returns them."""
+    from toolspec.bench import plots
+
+    directory.mkdir(parents=True, exist_ok=True)
+    per_run = summaries(runs)
+    methods = list(dict.fromkeys(m for run in runs for m in run.methods))
+    drafting = [m for m in methods if m != BASELINE]
+    written = []
+
+    path = directory / f"{prefix}speedup.png"
+    plots.plot_speedups({name: {m: s["decode_speedup"] for m, s in summary.items()}
+                         for name, summary in per_run.items()}, path)
+    written.append(path)
+
+    pooled = [r for run in runs for r in run.results]
+    first = {m: [step_accepted(pooled, m, step) for step in range(FIRST_STEPS)]
+             for m in drafting if m != ORACLE}
+    if any(values for per_step in first.values() for values in per_step):
+        path = directory / f"{prefix}first_steps.png"
+        plots.plot_first_steps(first, path)
+        written.append(path)
+
+    history = {m: tool_history([run.results for run in runs], m) for m in drafting
+               if m != ORACLE}
+    if any(history.values()):
+        path = directory / f"{prefix}tool_history.png"
+        plots.plot_tool_history({m: points for m, points in history.items() if points}, path)
+        written.append(path)
+
+    by_state = {m: acceptance_by_state((r.tokens_by_state, r.drafted_by_state or {})
+                                       for r in pooled
+                                       if r.method == m and r.tokens_by_state is not None)
+                for m in drafting}
+    by_source = {m: _source_shares([r for r in pooled if r.method == m]) for m in drafting}
+    if any(by_state.values()) or any(by_source.values()):
+        path = directory / f"{prefix}acceptance.png"
+        plots.plot_acceptance({m: rows for m, rows in by_state.items() if rows}, by_source, path)
+        written.append(path)
+    return written
+
+
+def _source_shares(rows: Sequence[ItemResult]) -> dict[str, float]:
+    accepted: Counter[str] = Counter()
+    for r in rows:
+        accepted.update(r.accepted_by_source)
+    decode = sum(r.decode_tokens for r in rows)
+    return {source: count / decode for source, count in accepted.items()} if decode else {}
+
+
+def _number(value: float | None, suffix: str = "×") -> str:
+    return f"{value:.2f}{suffix}" if value is not None else "–"
+
+
+def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
+                    image_dir: str = "img") -> str:
+    """The report page: provenance, the speed-up overview, goals, per-run tables, the PNGs."""
+    per_run = summaries(runs)
+    methods = list(dict.fromkeys(m for run in runs for m in run.methods))
+    first = runs[0].document if runs else {}
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Generated {datetime.date.today().isoformat()} by `{command}` — do not edit by hand.",
+        f"Model {first.get('model', '?')} {first.get('dtype', '?')}; machine: "
+        f"{first.get('machine', '?')}.",
+        "",
+        "## Decode speed-up vs plain decoding",
+        "",
+        "| data set | items | " + " | ".join(methods) + " |",
+        "|---|---:|" + "---:|" * len(methods),
+    ]
+    for run in runs:
+        summary = per_run[run.name]
+        cells = [_number(summary[m]["decode_speedup"]) if m in summary else "–" for m in methods]
+        items = len({r.item for r in run.results})
+        lines.append(f"| {run.name} | {items} | " + " | ".join(cells) + " |")
+    lines += ["", "## Goals (toolspec)", "",
+              f"Goals: decode speed-up ≥ {GOALS['speedup_vs_ar']}× vs ar, ≥ "
+              f"{GOALS['speedup_vs_best_baseline']}× vs the best baseline "
+              f"({', '.join(BASELINES)}), oracle fraction ≥ {GOALS['oracle_fraction']}.", "",
+              "| data set | × ar | × best baseline | of oracle | met |",
+              "|---|---:|---:|---:|---|"]
+    for run in runs:
+        goals = goal_rows(per_run[run.name])
+        known = {k: v for k, v in goals.items() if v is not None}
+        met = "–" if not known else ("yes" if all(v >= GOALS[k] for k, v in known.items())
+                                     else "no: " + ", ".join(k for k, v in known.items()
+                                                             if v < GOALS[k]))
+        lines.append(f"| {run.name} | {_number(goals['speedup_vs_ar'])} | "
+                     f"{_number(goals['speedup_vs_best_baseline'])} | "
+                     f"{_number(goals['oracle_fraction'], '')} | {met} |")
+    lines += ["", "## Per data set", ""]
+    for run in runs:
+        document = {**run.document, "methods": per_run[run.name]}
+        lines += [f"### {run.name}", "", format_markdown(document), ""]
+        states = {m: s["acceptance_by_state"] for m, s in per_run[run.name].items()
+                  if s.get("acceptance_by_state") and m != BASELINE}
+        if states:
+            lines += ["Share of each call state's tokens accepted from drafts:", "",
+                      _state_table(states), ""]
+    lines += ["## Plots", ""]
+    lines += [f"![{image.stem}]({image_dir}/{image.name})" for image in images]
+    return "\n".join(lines) + "\n"
+
+
+def _state_table(states: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    names = list(dict.fromkeys(s for rows in states.values() for s in rows))
+    lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for method, rows in states.items():
+        cells = [f"{rows[s]['fraction']:.0%}" if s in rows else "–" for s in names]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(runs: Sequence[Run], docs: Path, command: str, name: str = "report"
+                 ) -> tuple[Path, list[Path]]:
+    """``docs/<name>.md`` and ``docs/img/<name>_*.png`` from ``runs``. Mutates: those files."""
+    images = plot_runs(runs, docs / "img", prefix=f"{name}_")
+    page = docs / f"{name}.md"
+    page.write_text(report_markdown(runs, images, command))
+    return page, images
