@@ -113,7 +113,8 @@ def test_state_counts_split_decode_tokens_into_drafted_and_not() -> None:
     written, drafted = state_counts(CharTokenizer(), tokens, steps, get_format("json"))
     assert sum(written.values()) == len(tokens) - 1
     assert sum(drafted.values()) == 8
-    assert drafted["call_key"] == 4  # n, a, m, e of "name" came from the draft
+    # The draft wrote `"name": ` : n, a, m, e and the closing quote inside the key string.
+    assert drafted == {"call_start": 1, "call_key": 5, "call_colon": 2}
 
 
 def result(item: str, method: str, text: str, decode_s: float, steps: int, decode_tokens: int,
