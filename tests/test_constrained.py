@@ -207,3 +207,27 @@ def test_masks_cover_logits_wider_than_the_tokenizer(tokenizer) -> None:
     assert max(generation.tokens) < len(tokenizer)
     assert_valid_calls(generation.text, "hermes", TOOLS, at_most_one=True)
     json.loads(generation.text.split("\n")[1])
+
+
+@pytest.mark.real_model
+def test_real_model_required_call_is_valid_and_speculation_changes_nothing() -> None:
+    """SmolLM2-135M (real weights, not a tool caller) under ``required``: a valid call, and
+    the same tokens with schema drafting as without."""
+    from toolspec.models import load_model
+    from toolspec.prompts import chat_prompt
+
+    loaded = load_model("smollm2-135m", "float32")
+    model = TargetModel(loaded.model)
+    engine = Engine(model, loaded.tokenizer, budget=8)
+    width = model.model.get_output_embeddings().weight.shape[0]
+    compiler = GrammarCompiler(loaded.tokenizer, width, engine.stop_token_ids)
+    messages = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    prompt, call_format = chat_prompt(loaded.tokenizer, messages, [t.openai() for t in TOOLS])
+    lark = tool_call_grammar(TOOLS.tools, call_format, "calls", False, compiler.added_tokens)
+    params = GenerationParams(max_new_tokens=60, constraint=compiler.compile(lark))
+    plain = engine.generate(prompt, NoDrafter(), params)
+    fast = engine.generate(prompt, SchemaDrafter(loaded.tokenizer, PromptLookupDrafter()), params,
+                           tools=TOOLS, call_format=call_format)
+    assert fast.tokens == plain.tokens
+    assert plain.finish_reason == "stop", plain.text
+    assert_valid_calls(plain.text, call_format.name, TOOLS, at_most_one=True)
