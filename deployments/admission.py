@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from deployments.messages import ChatRequest
 from deployments.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
 from toolspec.formats import parse_arguments_json
+from toolspec.tool_grammar import UnconstrainableToolError, check_constrainable
 from toolspec.tools import ToolSchemaError, ToolSet
 
 MAX_STOP_STRINGS = 4
@@ -100,6 +101,9 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         raise AdmissionError(400, f"max_tokens must be at most {policy.max_tokens_limit}, got "
                              f"{max_tokens}", param="max_tokens", code="unsupported_value")
     offered = tools if mode != "none" and tools is not None and len(tools) else None
+    strict = offered is not None and (body.strict or any(tool.strict for tool in offered))
+    if offered is not None and (strict or mode in ("required", "named")):
+        _check_constrainable(offered)
     return ChatRequest(
         request_id=request_id,
         model=body.model,
@@ -108,6 +112,7 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         openai_tools=tuple(tool.openai() for tool in offered) if offered else (),
         tool_choice=mode,
         named_tool=named,
+        strict=strict,
         parallel_tool_calls=body.parallel_tool_calls,
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -143,6 +148,15 @@ def _tool_choice(body: ChatCompletionRequest, tools: ToolSet | None) -> tuple[st
         raise AdmissionError(400, "tool_choice 'required' needs at least one tool in 'tools'",
                              param="tool_choice", code="invalid_tool_choice")
     return choice, None
+
+
+def _check_constrainable(tools: ToolSet) -> None:
+    """Constrained decoding (``required``, named, ``strict``) needs schemas it can enforce."""
+    try:
+        check_constrainable(tools.tools)
+    except UnconstrainableToolError as error:
+        raise AdmissionError(400, str(error), param="tools",
+                             code="unsupported_tool_schema") from None
 
 
 def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:

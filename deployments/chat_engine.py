@@ -4,15 +4,17 @@
 with ToolSpec drafting; tests inject a scripted engine. The prompt comes from the model's chat
 template; the drafter from the request's tools and the replica's library view.
 
-``tool_choice`` ``required`` and named force the start of a call: the text up to the tool name
-(required) or up to the arguments (named) is appended to the prompt and shown as output, so the
-model can only continue a call. The arguments themselves stay the model's (lossless decoding,
-not grammar-constrained), and the drafter sees the forced text only as part of the prompt.
+Constrained requests (``ChatRequest.constrained``: ``tool_choice`` required or named, or
+``strict``) decode under a grammar compiled from the offered tools' schemas in the request's
+call format (``toolspec.tool_grammar``): required / named allow only the calls block, strict
+with ``auto`` allows free text whose calls, once opened, are schema-valid. The masks compose
+with speculation (``toolspec.grammar_masks``): the output is exactly masked plain decoding's.
+Grammars are compiled once per (tools, format, shape) and cached. ``auto`` without strict is
+unconstrained, lossless speculation of the model's own output.
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -27,10 +29,12 @@ from toolspec.drafters.schema import SchemaDrafter
 from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 from toolspec.engine import Engine, GenerationParams, StepEvent
 from toolspec.formats import CallFormat
+from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
 from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
+from toolspec.tool_grammar import tool_call_grammar
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,9 @@ class ChatStream:
 
     call_format: CallFormat
     prompt_tokens: int
-    forced_text: str
     steps: Iterator[StepEvent]
     prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
+    constrained: bool = False  # decoding is grammar-constrained
 
 
 class ChatEngine(Protocol):
@@ -64,7 +68,8 @@ class ChatEngine(Protocol):
 
 
 class ToolSpecChatEngine:
-    """The target model with ToolSpec drafting. Mutates: the engine's budget statistics."""
+    """The target model with ToolSpec drafting. Mutates: the engine's budget statistics, the
+    grammar cache."""
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
@@ -72,6 +77,10 @@ class ToolSpecChatEngine:
         self.engine = _engine(self.loaded, settings.draft_budget)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
         self.suffix_caches = TenantSuffixCaches()
+        # Built at load (seconds for a large vocabulary), not on the first strict request.
+        self.grammars = GrammarCompiler(
+            self.loaded.tokenizer, self.loaded.model.get_output_embeddings().weight.shape[0],
+            self.engine.stop_token_ids)
 
     def describe(self) -> str:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
@@ -89,15 +98,13 @@ class ToolSpecChatEngine:
         tokenizer = self.loaded.tokenizer
         prompt, call_format = chat_prompt(tokenizer, request.messages,
                                           request.openai_tools or None)
-        forced = forced_call_opening(request, call_format)
-        if forced:
-            prompt = prompt + tokenizer.encode(forced, add_special_tokens=False)
         stop = request.stop
         if request.parses_calls and not request.parallel_tool_calls and call_format.call_close:
             stop = (*stop, call_format.call_close)  # one call, then the output ends
         params = GenerationParams(
             max_new_tokens=request.max_tokens, stop=stop,
-            sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed))
+            sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed),
+            constraint=self._constraint(request, call_format))
         session = request.session_id if self.settings.session_kv_bytes > 0 else None
         prefix = self.sessions.take(session, prompt) if session else None
         steps = self.engine.stream(prompt, self._drafter(request, library), params,
@@ -107,8 +114,18 @@ class ToolSpecChatEngine:
                                    keep_kv=session is not None)
         if session:
             steps = self._keeping_kv(session, steps)
-        return ChatStream(call_format, len(prompt), forced, steps,
-                          len(prefix.tokens) if prefix else 0)
+        return ChatStream(call_format, len(prompt), steps, len(prefix.tokens) if prefix else 0,
+                          params.constraint is not None)
+
+    def _constraint(self, request: ChatRequest, call_format: CallFormat
+                    ) -> GrammarConstraint | None:
+        """The compiled grammar a constrained request decodes under (None: unconstrained)."""
+        if not request.constrained or request.tools is None:
+            return None
+        shape = "calls" if request.forces_call else "text_or_calls"
+        return self.grammars.compile(tool_call_grammar(
+            request.tools.tools, call_format, shape, request.parallel_tool_calls,
+            self.grammars.added_tokens))
 
     def _keeping_kv(self, session: str, steps: Generator[StepEvent, None, None]
                     ) -> Iterator[StepEvent]:
@@ -152,12 +169,3 @@ class TenantSuffixCaches:
 def _engine(loaded: LoadedModel, draft_budget: int | Literal["auto"]) -> Engine:
     return build_engine(loaded, None if draft_budget == "auto" else draft_budget)
 
-
-def forced_call_opening(request: ChatRequest, call_format: CallFormat) -> str:
-    """The output's forced start for ``tool_choice`` required / named ("" otherwise)."""
-    if request.tool_choice not in ("required", "named"):
-        return ""
-    opening = call_format.block_open + call_format.call_open + '{"name": '
-    if request.tool_choice == "required":
-        return opening + '"'
-    return opening + json.dumps(request.named_tool) + f', "{call_format.arguments_key}": '

@@ -22,7 +22,8 @@ class ChatRequest:
 
     ``tools`` are the tools the prompt offers (for ``tool_choice`` named: only that one);
     ``openai_tools`` the same as OpenAI dicts for the chat template. ``tenant`` names whose
-    past calls may be drafted.
+    past calls may be drafted. ``strict``: calls must follow their schemas (the request or
+    one of its tools asked for it).
     """
 
     request_id: str
@@ -32,6 +33,7 @@ class ChatRequest:
     openai_tools: tuple[Mapping[str, Any], ...] = ()
     tool_choice: ToolChoiceMode = "auto"
     named_tool: str | None = None
+    strict: bool = False
     parallel_tool_calls: bool = True
     max_tokens: int = 256
     temperature: float = 0.0
@@ -46,6 +48,17 @@ class ChatRequest:
         """Whether the output is read for tool calls (tools offered and not turned off)."""
         return self.tools is not None and len(self.tools) > 0 and self.tool_choice != "none"
 
+    @property
+    def forces_call(self) -> bool:
+        """Whether the output must be tool calls and nothing else (``required`` / named)."""
+        return self.parses_calls and self.tool_choice in ("required", "named")
+
+    @property
+    def constrained(self) -> bool:
+        """Whether decoding is grammar-constrained: calls are forced, or must be strict.
+        Otherwise (``auto``) it is lossless speculation of the model's own output."""
+        return self.forces_call or (self.parses_calls and self.strict)
+
 
 @dataclass(frozen=True)
 class StreamStart:
@@ -55,6 +68,7 @@ class StreamStart:
     prompt_tokens: int
     replica: str  # which replica serves the request (session pinning is observable)
     prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
+    constrained: bool = False  # decoding was grammar-constrained (schema-valid calls)
 
 
 @dataclass(frozen=True)

@@ -49,11 +49,10 @@ class ModelReplica:
                 self.library.prefetch(request)
             chat = self.engine.open(request, self.library.local if self.library else None)
             span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
-                                 "toolspec.prefix_reused": chat.prefix_reused})
+                                 "toolspec.prefix_reused": chat.prefix_reused,
+                                 "toolspec.constrained": chat.constrained})
             yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
-                              chat.prefix_reused)
-            if chat.forced_text:
-                yield TextStep(chat.forced_text, 0)
+                              chat.prefix_reused, chat.constrained)
             first_step_s = None
             async for step in self.scheduler.run(chat.steps):
                 now = time.perf_counter()
@@ -70,8 +69,7 @@ class ModelReplica:
                                     generation.prefill_s, span)
                     self.served += 1
                     if self.library is not None and request.parses_calls:
-                        self.library.remember(request, chat.call_format.parse(
-                            chat.forced_text + generation.text))
+                        self.library.remember(request, chat.call_format.parse(generation.text))
                     span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
                                          "toolspec.steps": len(generation.steps)})
                     yield _end(generation)

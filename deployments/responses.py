@@ -1,7 +1,8 @@
 """OpenAI response bodies: ``chat.completion``, ``chat.completion.chunk`` and SSE framing.
 
 The ``toolspec`` extension object reports what speculation did for the request: mean tokens
-per verification step (MAT), accepted draft tokens per draft source, and the step count.
+per verification step (MAT), accepted draft tokens per draft source, and the step count; and
+whether decoding was grammar-constrained (``constrained``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def extension(start: StreamStart, end: StreamEnd) -> dict[str, Any]:
             "accepted_by_source": dict(end.accepted_by_source),
             "prefill_s": round(end.prefill_s, 4), "decode_s": round(end.decode_s, 4),
             "call_format": start.call_format, "replica": start.replica,
-            "prefix_reused_tokens": start.prefix_reused}
+            "prefix_reused_tokens": start.prefix_reused, "constrained": start.constrained}
 
 
 def completion(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,

@@ -56,6 +56,8 @@ class ChatCompletionRequest(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # ToolSpec extension: every tool strict (OpenAI sets it per tool, tools[i].function.strict).
+    strict: bool = False
     # Greedy unless asked: outputs are then exactly plain decoding's (OpenAI's default is 1).
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

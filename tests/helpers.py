@@ -6,7 +6,9 @@ import random
 from collections.abc import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwen2Config
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoModelForCausalLM, LlamaConfig, PreTrainedModel,
+                          PreTrainedTokenizerFast, Qwen2Config)
 
 from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.drafters.base import DraftRequest
@@ -93,3 +95,41 @@ class FixedTreeDrafter:
 
     def stop(self) -> None:
         pass
+
+
+def toy_fast_tokenizer(words: Sequence[str] = ('{"name": "', '", "arguments": {"', '": "', '"}}',
+                                               "true", "false", "null")) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (every byte is a token) with merges that make each of
+    ``words`` one token, ``<eos>`` as a special token and ``<tool_call>``/``</tool_call>`` as
+    added tokens (like Qwen's): a real fast tokenizer with a vocabulary of a few hundred."""
+    to_unicode = _byte_level_alphabet()
+    vocab = {char: index for index, char in enumerate(sorted(to_unicode.values()))}
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        chars = [to_unicode[byte] for byte in word.encode()]
+        merged = chars[0]
+        for char in chars[1:]:
+            if merged + char not in vocab:
+                merges.append((merged, char))
+                vocab[merged + char] = len(vocab)
+            merged += char
+    model = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    model.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model)
+    tokenizer.add_special_tokens({"eos_token": "<eos>"})
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    return tokenizer
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-to-character map used by byte-level BPE (printable bytes map to
+    themselves, the rest to characters from U+0100 on)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    mapping = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in mapping:
+            mapping[byte] = chr(256 + extra)
+            extra += 1
+    return mapping

@@ -44,7 +44,8 @@ class ScriptedChatEngine:
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         self.requests.append(request)
         self.libraries.append(library)
-        return ChatStream(get_format(self.call_format), 11, "", self._steps(list(self.script(request))))
+        return ChatStream(get_format(self.call_format), 11, self._steps(list(self.script(request))),
+                          constrained=request.constrained)
 
     def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
         tokens: list[int] = []

@@ -180,6 +180,42 @@ def test_required_and_parallel_flags_reach_the_engine() -> None:
         == (0.7, 0.9, 3, ("###",), 17)
 
 
+@pytest.mark.parametrize("fields, constrained, strict", [
+    ({}, False, False),
+    ({"tool_choice": "required"}, True, False),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, True, False),
+    ({"strict": True}, True, True),
+    ({"tools": [{"type": "function", "function": {**WEATHER["function"], "strict": True}}]},
+     True, True),
+    ({"tool_choice": "none", "strict": True}, False, False),
+])
+def test_required_named_and_strict_constrain_decoding_auto_does_not(
+        fields: dict[str, Any], constrained: bool, strict: bool) -> None:
+    engine = ScriptedChatEngine(script=fixed(TWO_CALLS))
+    answer = make_client(engine).post("/v1/chat/completions",
+                                      json=body(**{"tools": [WEATHER], **fields})).json()
+    request = engine.requests[-1]
+    assert (request.constrained, request.strict) == (constrained, strict)
+    assert answer["toolspec"]["constrained"] is constrained
+
+
+UNENFORCEABLE = {"type": "function", "function": {"name": "when", "parameters": {
+    "type": "object", "properties": {"at": {"type": "string", "format": "stardate"}}}}}
+
+
+def test_schemas_constrained_decoding_cannot_enforce_are_refused_only_when_constrained() -> None:
+    engine = ScriptedChatEngine()
+    client = make_client(engine)
+    assert client.post("/v1/chat/completions", json=body(tools=[UNENFORCEABLE])).status_code == 200
+    for fields in ({"tool_choice": "required"}, {"strict": True}):
+        response = client.post("/v1/chat/completions", json=body(tools=[UNENFORCEABLE], **fields))
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("tools", "unsupported_tool_schema")
+        assert "'when'" in error["message"] and "stardate" in error["message"]
+    assert len(engine.requests) == 1
+
+
 def test_session_id_from_header_else_user() -> None:
     engine = ScriptedChatEngine()
     client = make_client(engine)
@@ -203,6 +239,8 @@ BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     (json.dumps(body(tools=[BAD_TOOL])), 400, "tools"),
     (json.dumps(body(tools=[{"type": "function"}])), 400, "tools"),
     (json.dumps(body(tools=[WEATHER, WEATHER])), 400, "tools"),
+    (json.dumps(body(tools=[{"type": "function", "function": {**WEATHER["function"],
+                                                               "strict": "yes"}}])), 400, "tools"),
     (json.dumps(body(tools=[WEATHER], tool_choice="sometimes")), 422, "tool_choice"),
     (json.dumps(body(tools=[WEATHER], tool_choice={"type": "function",
                                                    "function": {"name": "nope"}})), 400, "tool_choice"),

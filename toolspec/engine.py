@@ -2,6 +2,8 @@
 
 Plain autoregressive decoding is the same loop with a drafter that proposes nothing, so both run
 through the same model wrapper, cache and token chooser and their timings compare like with like.
+A ``GenerationParams.constraint`` (a compiled tool-call grammar) makes every choice a masked one,
+in speculative and plain decoding alike (see ``grammar_masks``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from toolspec.budget import DraftBudget, FixedBudget
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
 from toolspec.formats import CallFormat
+from toolspec.grammar_masks import GrammarConstraint
 from toolspec.logit_feedback import feed_top_k, logits_observer
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
@@ -35,6 +38,14 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     # Record the top-1 minus top-2 logit margin behind every emitted token (diagnostics).
     record_margins: bool = False
+    # Grammar-constrained decoding: every token is chosen from the grammar-masked logits.
+    constraint: GrammarConstraint | None = None
+
+    def chooser(self) -> TokenChooser:
+        """A fresh chooser for one generation (constrained when ``constraint`` is set)."""
+        if self.constraint is None:
+            return TokenChooser(self.sampling)
+        return self.constraint.chooser(self.sampling)
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,7 @@ class Engine:
         prefix: KVPrefix | None,
         keep_kv: bool,
     ) -> Generator[StepEvent, None, None]:
-        chooser = TokenChooser(params.sampling)
+        chooser = params.chooser()
         scanner = StopScanner(self.tokenizer, self.stop_token_ids, params.stop, params.max_new_tokens)
         deltas = TextDeltas(self.tokenizer, params.stop)
         cache, reused = self._start_cache(prompt_ids, prefix)

@@ -23,9 +23,13 @@ class ToolSchemaError(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
+    """A function the model may call. ``strict`` (OpenAI's ``function.strict``): its calls must
+    follow ``parameters`` exactly, which the server enforces with constrained decoding."""
+
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
 
     @property
     def properties(self) -> Mapping[str, Mapping[str, Any]]:
@@ -147,7 +151,11 @@ def _tool_from_openai(entry: Mapping[str, Any], index: int) -> Tool:
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(parameters, Mapping):
         raise ToolSchemaError(f"tool {name!r}: parameters must be a JSON Schema object")
-    return _validated(Tool(name, str(function.get("description") or ""), _normalized(parameters)))
+    strict = function.get("strict", False)
+    if not isinstance(strict, bool):
+        raise ToolSchemaError(f"tool {name!r}: strict must be true or false, got {strict!r}")
+    return _validated(Tool(name, str(function.get("description") or ""), _normalized(parameters),
+                           strict))
 
 
 def _normalized(schema: Mapping[str, Any]) -> dict[str, Any]:
