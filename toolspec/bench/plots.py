@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from toolspec.bench.analysis import HistoryPoint, history_label  # noqa: E402
 from toolspec.bench.growth import growth_points  # noqa: E402
@@ -89,6 +90,7 @@ def plot_first_steps(accepted: Mapping[str, Sequence[Sequence[int]]], path: Path
             xs = [k + (index - (len(counts) - 1) / 2) * width for k in range(top + 1)]
             axis.bar(xs, shares, width, label=method)
         axis.set_xlabel("draft tokens accepted")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("share of items")
         axis.set_title(f"verification step {step + 1}")
         axis.grid(True, axis="y", alpha=0.3)
@@ -141,8 +143,10 @@ def plot_acceptance(by_state: Mapping[str, Mapping[str, Mapping[str, float]]],
     source_axis.set_title("accepted tokens per draft source")
     for axis in (state_axis, source_axis):
         axis.grid(True, axis="y", alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize="small")
+    if state_axis.get_legend_handles_labels()[0]:
+        state_axis.legend(fontsize="small")
+    if sources:  # beside the stacks, which would hide it
+        source_axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(figure, path)
 
 
