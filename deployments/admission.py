@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from deployments.messages import ChatRequest
 from deployments.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from deployments.tenants import TenantError, TenantPolicy
 from toolspec.formats import parse_arguments_json
 from toolspec.tools import ToolSchemaError, ToolSet
 
@@ -45,12 +46,13 @@ class AdmissionError(Exception):
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """What the deployment serves: model ids, the default and the largest ``max_tokens``."""
+    """What the deployment serves: model ids, the default and the largest ``max_tokens``, and
+    how a request names its tenant."""
 
     models: tuple[str, ...]
     default_max_tokens: int = 256
     max_tokens_limit: int = 2048
-    tenant: str = "default"
+    tenants: TenantPolicy = TenantPolicy()
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -83,8 +85,9 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
-          session_id: str | None) -> ChatRequest:
-    """The request as a replica runs it. Raises AdmissionError (400 / 404)."""
+          session_id: str | None, tenant_header: str | None = None) -> ChatRequest:
+    """The request as a replica runs it. ``tenant_header``: the tenant header's value, if
+    sent. Raises AdmissionError (400 / 404)."""
     if body.model not in policy.models:
         raise AdmissionError(404, f"model {body.model!r} is not served here; available: "
                              f"{', '.join(policy.models)}", param="model",
@@ -100,6 +103,10 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         raise AdmissionError(400, f"max_tokens must be at most {policy.max_tokens_limit}, got "
                              f"{max_tokens}", param="max_tokens", code="unsupported_value")
     offered = tools if mode != "none" and tools is not None and len(tools) else None
+    try:
+        tenant = policy.tenants.resolve(tenant_header, body.user)
+    except TenantError as error:
+        raise AdmissionError(400, str(error), param=error.param, code="invalid_tenant") from None
     return ChatRequest(
         request_id=request_id,
         model=body.model,
@@ -115,7 +122,7 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         seed=body.seed,
         stop=_stop_strings(body.stop),
         session_id=session_id or body.user,
-        tenant=policy.tenant,
+        tenant=tenant,
     )
 
 
