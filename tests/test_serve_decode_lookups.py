@@ -133,6 +133,39 @@ def test_lookups_narrow_with_the_typed_value_until_every_match_is_in(tmp_path: P
     assert engine.seen[-1] == ['en"}}']
 
 
+class DownRemote(SlowRemote):
+    """A dead retrieval actor: every call fails."""
+
+    async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[CallRecord]:
+        raise ConnectionError("actor died")
+
+    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
+                             k: int) -> tuple[list[CallRecord], bool]:
+        raise ConnectionError("actor died")
+
+
+def test_with_the_actor_down_no_lookup_is_tried_and_decoding_finishes(tmp_path: Path) -> None:
+    pieces = [NAMED, ARGUMENTS, 'Oslo"}}\n</tool_call>']
+    engine = ProbingChatEngine(pieces, PROBE, gated=True)
+
+    async def main() -> tuple[LibraryCache, list[Any]]:
+        cache = LibraryCache(DownRemote(service_with(tmp_path, {})), retry_after_s=600)
+        events = ModelReplica(engine, cache).generate(request())
+        await anext(events)
+        await cache.drain()  # the prefetch has failed
+        for step in range(len(pieces)):
+            await next_text(events, engine, step)
+        rest = [event async for event in events]
+        await cache.drain()
+        return cache, rest
+
+    cache, events = asyncio.run(main())
+    assert isinstance(events[-1], StreamEnd)
+    # The failed prefetch marked the actor down: the output's tool asked for nothing.
+    assert cache.failures == 1 and cache.lookups == 0
+    cache.close()
+
+
 @pytest.mark.parametrize("tool, typed, cities, complete", [
     ("get_weather", '{"name": "get_weather"', 2, False),  # 3 calls, 2 asked for
     ("get_weather", '{"name":"get_weather","arguments":{"city":"O', ["Oslo"], True),  # compact
