@@ -97,10 +97,11 @@ def ray_head(log_dir: Path) -> Iterator[RayHead]:
     """A Ray head of its own for the block's duration; stopped (all its processes) after."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: socket paths
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_ADDRESS")}
-    # No drain wait on SIGTERM (Serve is shut down first); agents get 5 min to start, not
-    # 30 s, which a loaded 2-core machine can exceed.
+    # No drain wait on SIGTERM (Serve is shut down first). The agents and the dashboard (and
+    # its modules) get 5 min to start, not 30-60 s, which a loaded 2-core machine can exceed.
     env.update(RAY_AUTH_MODE="disabled", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-               RAY_agent_register_timeout_ms="300000",
+               RAY_agent_register_timeout_ms="300000", RAY_DASHBOARD_STARTUP_TIMEOUT_S="300",
+               RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="300",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     dashboard_port = _free_port()
     ports = {"port": _free_port(), "dashboard-port": dashboard_port,
