@@ -92,17 +92,27 @@ def _processes_under(temp_dir: Path) -> list[int]:
     return found
 
 
-@contextmanager
-def ray_head(log_dir: Path) -> Iterator[RayHead]:
-    """A Ray head of its own for the block's duration; stopped (all its processes) after."""
+def _stop(head: subprocess.Popen, temp_dir: Path) -> None:
+    """Stop a head and every process it started (those naming its temp dir); drop the dir."""
+    head.terminate()  # `ray start --block` stops every process it started on SIGTERM
+    try:
+        head.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
+    for pid in _processes_under(temp_dir):  # anything that outlived it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _start_head(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, Path, str]:
+    """``ray start --head --block`` on fresh ports and a fresh temp dir; returns the process,
+    the temp dir and the dashboard address once the dashboard's Serve API answers. Raises
+    ChildProcessError when the head exits while starting (its log is in ``log``)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: socket paths
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_ADDRESS")}
-    # No drain wait on SIGTERM (Serve is shut down first). The agents and the dashboard (and
-    # its modules) get 5 min to start, not 30-60 s, which a loaded 2-core machine can exceed.
-    env.update(RAY_AUTH_MODE="disabled", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-               RAY_agent_register_timeout_ms="300000", RAY_DASHBOARD_STARTUP_TIMEOUT_S="300",
-               RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="300",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     dashboard_port = _free_port()
     ports = {"port": _free_port(), "dashboard-port": dashboard_port,
              "ray-client-server-port": _free_port(), "dashboard-agent-listen-port": _free_port(),
@@ -113,30 +123,42 @@ def ray_head(log_dir: Path) -> Iterator[RayHead]:
                "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0",
                "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                "--disable-usage-stats", *(f"--{name}={port}" for name, port in ports.items())]
-    with open(log_dir / "ray-start.log", "w") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+    with open(log, "w") as output:
+        head = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with_parent)
     dashboard = f"http://127.0.0.1:{dashboard_port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _answers(f"{dashboard}/api/serve/applications/"):
+        if head.poll() is not None or time.monotonic() > deadline:
+            _stop(head, temp_dir)
+            raise ChildProcessError(log.read_text()[-3000:])
+        time.sleep(1)
+    return head, temp_dir, dashboard
+
+
+@contextmanager
+def ray_head(log_dir: Path, attempts: int = 3) -> Iterator[RayHead]:
+    """A Ray head of its own for the block's duration; stopped (all its processes) after.
+    Ray waits a fixed 30 s for its raylet to register, which a starved machine can miss: a
+    head that fails to start is started again, ``attempts`` times in all."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_ADDRESS")}
+    # No drain wait on SIGTERM (Serve is shut down first). The agents and the dashboard (and
+    # its modules) get 5 min to start, not 30-60 s, which a loaded 2-core machine can exceed.
+    env.update(RAY_AUTH_MODE="disabled", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+               RAY_agent_register_timeout_ms="300000", RAY_DASHBOARD_STARTUP_TIMEOUT_S="300",
+               RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="300",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    for attempt in range(1, attempts + 1):
+        try:
+            head, temp_dir, dashboard = _start_head(env, log_dir / f"ray-start-{attempt}.log")
+            break
+        except ChildProcessError:
+            if attempt == attempts:
+                raise
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _answers(f"{dashboard}/api/serve/applications/"):
-            assert head.poll() is None, (log_dir / "ray-start.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Ray head did not come up"
-            time.sleep(1)
         yield RayHead(dashboard, env)
     finally:
-        head.terminate()  # `ray start --block` stops every process it started on SIGTERM
-        try:
-            head.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        for pid in _processes_under(temp_dir):  # anything that outlived it
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _stop(head, temp_dir)
 
 
 def deploy_config(tmp_path: Path, http_port: int) -> Path:
