@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from deployments.messages import ChatRequest
 from deployments.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from deployments.tenants import TenantError, TenantPolicy
 from toolspec.formats import parse_arguments_json
 from toolspec.tool_grammar import UnconstrainableToolError, check_constrainable
 from toolspec.tools import ToolSchemaError, ToolSet
@@ -46,12 +47,13 @@ class AdmissionError(Exception):
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """What the deployment serves: model ids, the default and the largest ``max_tokens``."""
+    """What the deployment serves: model ids, the default and the largest ``max_tokens``, and
+    how a request names its tenant."""
 
     models: tuple[str, ...]
     default_max_tokens: int = 256
     max_tokens_limit: int = 2048
-    tenant: str = "default"
+    tenants: TenantPolicy = TenantPolicy()
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -84,8 +86,9 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
-          session_id: str | None) -> ChatRequest:
-    """The request as a replica runs it. Raises AdmissionError (400 / 404)."""
+          session_id: str | None, tenant_header: str | None = None) -> ChatRequest:
+    """The request as a replica runs it. ``tenant_header``: the tenant header's value, if
+    sent. Raises AdmissionError (400 / 404)."""
     if body.model not in policy.models:
         raise AdmissionError(404, f"model {body.model!r} is not served here; available: "
                              f"{', '.join(policy.models)}", param="model",
@@ -104,6 +107,10 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
     strict = offered is not None and (body.strict or any(tool.strict for tool in offered))
     if offered is not None and (strict or mode in ("required", "named")):
         _check_constrainable(offered)
+    try:
+        tenant = policy.tenants.resolve(tenant_header, body.user)
+    except TenantError as error:
+        raise AdmissionError(400, str(error), param=error.param, code="invalid_tenant") from None
     return ChatRequest(
         request_id=request_id,
         model=body.model,
@@ -120,7 +127,7 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         seed=body.seed,
         stop=_stop_strings(body.stop),
         session_id=session_id or body.user,
-        tenant=policy.tenant,
+        tenant=tenant,
     )
 
 

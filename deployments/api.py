@@ -75,7 +75,8 @@ def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
             with tracer.start_as_current_span("toolspec.admission"):
                 body = parse_body(await http.body())
                 request = admit(body, policy, uuid.uuid4().hex[:24],
-                                http.headers.get(SESSION_HEADER))
+                                http.headers.get(SESSION_HEADER),
+                                policy.tenants.header_value(http.headers))
             span.set_attributes({"toolspec.request_id": request.request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})

@@ -25,6 +25,7 @@ from deployments.chat_engine import EngineSettings
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
+from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
@@ -60,15 +61,23 @@ class AppConfig(_Strict):
     library: LibraryConfig = LibraryConfig()
     default_max_tokens: int = Field(256, ge=1)
     max_tokens_limit: int = Field(2048, ge=1)
-    tenant: str = "default"
+    tenant: str = Field("default", pattern=TENANT_PATTERN,
+                        description="the tenant of requests that do not name one")
+    tenant_header: str | None = Field(TENANT_HEADER, min_length=1,
+                                      description="the header naming a request's tenant; "
+                                                  "null: requests cannot name one")
+    tenant_from_user: bool = Field(False, description="without the header, the body's `user` "
+                                                      "names the tenant")
     ingress_replicas: int = Field(1, ge=1)
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget)
 
     def policy(self) -> AdmissionPolicy:
+        tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),
+                               self.tenant_from_user)
         return AdmissionPolicy((self.served_model_name or self.model.model,),
-                               self.default_max_tokens, self.max_tokens_limit, self.tenant)
+                               self.default_max_tokens, self.max_tokens_limit, tenants)
 
 
 def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) -> Application:

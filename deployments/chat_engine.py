@@ -105,7 +105,9 @@ class ToolSpecChatEngine:
             max_new_tokens=request.max_tokens, stop=stop,
             sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed),
             constraint=self._constraint(request, call_format))
-        session = request.session_id if self.settings.session_kv_bytes > 0 else None
+        session = None  # a session's KV is its tenant's: the same id elsewhere is another one
+        if request.session_id and self.settings.session_kv_bytes > 0:
+            session = f"{request.tenant}/{request.session_id}"
         prefix = self.sessions.take(session, prompt) if session else None
         steps = self.engine.stream(prompt, self._drafter(request, library), params,
                                    tools=request.tools, call_format=call_format,

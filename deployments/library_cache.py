@@ -5,7 +5,9 @@ reads a local ``CallLibrary`` (an LMDB directory private to this replica, opened
 process). When a request starts, the calls its tools are likely to need are fetched from the
 retrieval actor in the background and added to the local view; a draft made before they
 arrive just does not use them, one made after does. Finished calls go into the local view at
-once and to the actor in the background.
+once and to the actor in the background. While a request decodes, ``lookup`` asks the actor
+for the calls that extend what the output has typed so far (``decode_lookups``); they arrive in
+the local view the same way.
 
 If the actor is down or slow, lookups fail fast (a timeout), the replica waits
 ``retry_after_s`` before asking again, and decoding goes on with what the local view holds.
@@ -35,21 +37,25 @@ class LibraryRemote(Protocol):
     async def top_calls(self, tenant: str, tools: Sequence[str], per_tool: int
                         ) -> list[CallRecord]: ...
 
+    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
+                             k: int) -> tuple[list[CallRecord], bool]: ...
+
     async def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int: ...
 
 
 class LibraryCache:
     """Local library view plus background prefetch and write-back.
 
-    Mutates: the local library (prefetched and finished calls); ``fetched``, ``sent`` and
-    ``failures`` counters.
+    Mutates: the local library (prefetched, looked-up and finished calls); ``fetched``,
+    ``lookups``, ``sent`` and ``failures`` counters.
     """
 
     def __init__(self, remote: LibraryRemote | None, per_tool: int = 16,
                  timeout_s: float = 2.0, retry_after_s: float = 5.0,
-                 max_calls: int = 20_000) -> None:
+                 max_calls: int = 20_000, per_lookup: int = 16) -> None:
         self.remote = remote
         self.per_tool = per_tool
+        self.per_lookup = per_lookup
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
         self._directory = tempfile.mkdtemp(prefix="toolspec-replica-library-")
@@ -58,6 +64,7 @@ class LibraryCache:
         self._down_until = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.fetched = 0
+        self.lookups = 0
         self.sent = 0
         self.failures = 0
 
@@ -65,6 +72,16 @@ class LibraryCache:
         """Start fetching the stored calls of ``request``'s tools (returns at once)."""
         if request.tools is not None and self._remote_up():
             self._spawn(self._fetch(request.tenant, request.tools.names))
+
+    def lookup(self, tenant: str, tool: str, typed: str, arguments_key: str
+               ) -> asyncio.Task | None:
+        """Start fetching ``tenant``'s calls of ``tool`` that extend ``typed`` (the call object
+        written so far); returns at once. The task's result: whether those were all such calls
+        (None if the actor failed). None, and nothing started, while the actor is down."""
+        if not self._remote_up():
+            return None
+        self.lookups += 1
+        return self._spawn(self._fetch_matching(tenant, tool, typed, arguments_key))
 
     def remember(self, request: ChatRequest, calls: Sequence[ToolCall]) -> None:
         """Record finished calls locally now and in the shared library in the background."""
@@ -96,15 +113,29 @@ class LibraryCache:
     def _remote_up(self) -> bool:
         return self.remote is not None and time.monotonic() >= self._down_until
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _fetch(self, tenant: str, tools: Sequence[str]) -> None:
         records = await self._call(self.remote.top_calls(tenant, list(tools), self.per_tool))
-        if not records:
-            return
+        if records:
+            self._keep(records)
+
+    async def _fetch_matching(self, tenant: str, tool: str, typed: str, arguments_key: str
+                              ) -> bool | None:
+        answer = await self._call(self.remote.matching_calls(tenant, tool, typed, arguments_key,
+                                                             self.per_lookup))
+        if answer is None:
+            return None
+        records, complete = answer
+        self._keep(records)
+        return complete
+
+    def _keep(self, records: Sequence[CallRecord]) -> None:
+        """Copy the records not yet in the local view into it."""
         fresh = [r for r in records if r.record_id not in self._known]
         try:
             for record in fresh:

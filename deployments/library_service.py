@@ -13,6 +13,7 @@ from typing import Any
 
 from toolspec.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
+from toolspec.library.records import STYLES
 from toolspec.models import toolspec_home
 
 
@@ -39,6 +40,24 @@ class LibraryService:
             except LibraryError:
                 continue  # e.g. a tool name the library cannot store: nothing to offer
         return records
+
+    def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str, k: int
+                       ) -> tuple[list[CallRecord], bool]:
+        """Up to ``k`` of ``tenant``'s calls of ``tool`` whose call-object text extends
+        ``typed`` (the call written so far, from its ``{``), in whichever JSON spacing
+        ``typed`` is written. Also whether that is all of them (fewer than ``k`` matched in
+        every spacing): then no longer ``typed`` can match a call not returned."""
+        found: dict[bytes, CallRecord] = {}
+        complete = True
+        for style in STYLES.values():
+            try:
+                matches = self.library.lookup_text(tenant, typed, arguments_key, style, tool, k)
+            except LibraryError:
+                continue  # a tool name or arguments key the library cannot store
+            complete = complete and len(matches) < k
+            for match in matches:
+                found.setdefault(match.record.record_id, match.record)
+        return list(found.values()), complete
 
     def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int:
         """Store finished calls (name, arguments); returns how many were stored."""

@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
+from deployments.decode_lookups import DecodeLookups
 from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest, ReplicaEvent, StreamEnd, StreamStart, TextStep
 from deployments.scheduler import StepScheduler
@@ -28,8 +29,9 @@ EngineFactory = Callable[[EngineSettings], ChatEngine]
 
 
 class ModelReplica:
-    """Runs requests on ``engine`` through a ``StepScheduler``; records finished calls in
-    ``library`` (if any). Mutates: the library view; the scheduler's queue."""
+    """Runs requests on ``engine`` through a ``StepScheduler``; fills ``library`` (if any)
+    ahead of use — at request start and as the output reveals its calls — and records
+    finished calls in it. Mutates: the library view; the scheduler's queue."""
 
     def __init__(self, engine: ChatEngine, library: LibraryCache | None = None,
                  name: str | None = None) -> None:
@@ -53,6 +55,9 @@ class ModelReplica:
                                  "toolspec.constrained": chat.constrained})
             yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
                               chat.prefix_reused, chat.constrained)
+            lookups = None
+            if self.library is not None and request.parses_calls:
+                lookups = DecodeLookups(self.library, request, chat.call_format.arguments_key)
             first_step_s = None
             async for step in self.scheduler.run(chat.steps):
                 now = time.perf_counter()
@@ -60,6 +65,8 @@ class ModelReplica:
                     first_step_s = now
                 else:
                     record_step(step.stats, now, span)
+                if lookups is not None:
+                    lookups.observe(step.text)  # starts a lookup at most; never waits on one
                 if step.text or step.generation is None:
                     yield TextStep(step.text, len(step.tokens))
                 if step.generation is not None:
@@ -101,6 +108,10 @@ class ServeLibraryRemote:
 
     async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[Any]:
         return await self.handle.top_calls.remote(tenant, tools, per_tool)
+
+    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
+                             k: int) -> tuple[list[Any], bool]:
+        return await self.handle.matching_calls.remote(tenant, tool, typed, arguments_key, k)
 
     async def add_calls(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> int:
         return await self.handle.add_calls.remote(tenant, calls)

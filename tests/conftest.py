@@ -24,6 +24,8 @@ def ray_serve():
     from ray import serve
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # The raylet gives its agents 30 s to start, too short on 2 loaded cores.
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "300000")
     root = Path(__file__).parent.parent
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(root), str(root / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])

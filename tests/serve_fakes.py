@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
@@ -80,4 +81,26 @@ class LocalModelClient:
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
         async for event in self.replica.generate(request):
+            yield event
+
+
+class ProbingChatEngine(ScriptedChatEngine):
+    """A ``ScriptedChatEngine`` answering ``pieces`` that, before each step, records what the
+    replica's library view offers to continue ``probe_call`` for the request's tenant — what
+    a drafter could draft at that step — in ``seen`` (one sorted list of continuations per
+    step). With ``gated``, step i waits until ``gates[i]`` is set (the test paces decoding)."""
+
+    def __init__(self, pieces: Sequence[str], probe_call: str, gated: bool = False) -> None:
+        super().__init__(script=fixed(*pieces))
+        self.probe_call = probe_call
+        self.gates = [threading.Event() for _ in pieces] if gated else []
+        self.seen: list[list[str]] = []
+
+    def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
+        request, library = self.requests[-1], self.libraries[-1]
+        for number, event in enumerate(super()._steps(pieces)):
+            if self.gates and not self.gates[number].wait(timeout=60):
+                raise TimeoutError(f"step {number} was never released")
+            found = library.lookup_text(request.tenant, self.probe_call) if library else []
+            self.seen.append(sorted(match.continuation for match in found))
             yield event

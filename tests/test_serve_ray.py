@@ -5,6 +5,7 @@ same output as plain decoding in process."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,18 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"type": "string"}}}}}
 
 
-def chat(base: str, session: str | None = None, **fields: Any) -> dict[str, Any]:
+def post(base: str, session: str | None = None, tenant: str | None = None,
+         **fields: Any) -> httpx.Response:
     headers = {"x-session-id": session} if session else {}
+    if tenant is not None:
+        headers["x-toolspec-tenant"] = tenant
     payload = {"model": "qwen2.5-coder-0.5b", "tools": [WEATHER],
                "messages": [{"role": "user", "content": "Weather in Oslo?"}], **fields}
-    response = httpx.post(f"{base}/v1/chat/completions", json=payload, headers=headers,
-                          timeout=60)
+    return httpx.post(f"{base}/v1/chat/completions", json=payload, headers=headers, timeout=60)
+
+
+def chat(base: str, session: str | None = None, **fields: Any) -> dict[str, Any]:
+    response = post(base, session, **fields)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -50,6 +57,19 @@ def test_a_session_stays_on_one_replica_across_two(scripted_app: str) -> None:
     assert len(spread) == 2  # other sessions land on the other replica too
     by_user = {chat(scripted_app, None, user="bob")["toolspec"]["replica"] for _ in range(4)}
     assert len(by_user) == 1
+
+
+def test_the_tenant_header_reaches_the_shared_library(scripted_app: str) -> None:
+    library = serve.get_deployment_handle("CallLibraryService", app_name="scripted")
+    assert post(scripted_app, "tenant-1", tenant="acme").status_code == 200
+    deadline = time.monotonic() + 120
+    while not (stored := library.top_calls.remote("acme", ["get_weather"], 4).result()):
+        assert time.monotonic() < deadline, "acme's call never reached the library"
+        time.sleep(0.5)  # the replica sends finished calls in the background
+    assert [(r.tenant, r.arguments) for r in stored] == [("acme", {"city": "Oslo"})]
+    assert library.top_calls.remote("globex", ["get_weather"], 4).result() == []
+    refused = post(scripted_app, tenant="not a tenant")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_tenant"
 
 
 def test_requests_succeed_with_the_retrieval_actor_dead(scripted_app: str) -> None:
