@@ -14,7 +14,7 @@ from toolspec.draft_tree import DraftTree
 from toolspec.drafters import Drafter, DraftRequest, PromptLookupDrafter
 from toolspec.drafters.recycling import TokenRecyclingDrafter
 from toolspec.drafters.samd import SamDecodingDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
+from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 from toolspec.logit_feedback import logits_observer
 from toolspec.sampling import SamplingParams
 from toolspec.sim import SimTarget, simulate
@@ -177,3 +177,19 @@ def test_suffix_drafts_by_frequency_and_evicts_old_outputs() -> None:
     tree = drafter.propose([7, 1, 2], 8)
     assert sorted(tree.tokens) == [3, 4] and tree.priors == (0.5, 0.5)
     assert drafter.global_trie.counts()[(1, 2)] == 2
+
+
+def test_suffix_drafters_sharing_a_cache_learn_from_each_other() -> None:
+    cache = SuffixOutputCache()
+    first, second = SuffixDecodingDrafter(cache=cache), SuffixDecodingDrafter(cache=cache)
+    first.start(DraftRequest((0,)))
+    second.start(DraftRequest((0,)))
+    first.observe([5, 6, 7, 8])
+    assert second.propose([5, 6], 8).tokens == ()  # not before the first request finishes
+    first.stop()
+    assert second.propose([5, 6], 8).tokens == (7, 8)
+    learner_off = SuffixDecodingDrafter(cache=cache, learn=False)
+    learner_off.start(DraftRequest((0,)))
+    learner_off.observe([1, 2, 3])
+    learner_off.stop()
+    assert (1, 2) not in cache.trie.counts()
