@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -21,7 +22,6 @@ from toolspec.budget import DraftBudget, FixedBudget
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
 from toolspec.formats import CallFormat
-from toolspec.grammar_masks import GrammarConstraint
 from toolspec.logit_feedback import feed_top_k, logits_observer
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason, StopScanner, cut_at_stop_string
@@ -29,6 +29,9 @@ from toolspec.target_model import TargetModel, commit_path, truncate_cache
 from toolspec.text_stream import TextDeltas
 from toolspec.tools import ToolSet
 from toolspec.verify import Verification, verify
+
+if TYPE_CHECKING:  # a type only: unconstrained decoding never loads llguidance
+    from toolspec.grammar_masks import GrammarConstraint
 
 
 @dataclass(frozen=True)
