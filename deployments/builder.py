@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
@@ -27,6 +27,7 @@ from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
@@ -38,12 +39,22 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    draft_budget: int | Literal["auto"] = Field(8, description="nodes verified per step")
+    draft_budget: int | Literal["auto"] = Field(7, description="nodes verified per step")
+    packed_rows: tuple[int, ...] = Field(
+        DEFAULT_PACKED_ROWS, description="fp32 on CPU: row counts with prepacked linear weights "
+                                         "(cheap verification; [] for stock kernels)")
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(8, ge=1)
     session_affinity: bool = True
+
+    @field_validator("packed_rows")
+    @classmethod
+    def _packs_above_stock_sizes(cls, rows: tuple[int, ...]) -> tuple[int, ...]:
+        if any(count <= STOCK_KERNEL_MAX_ROWS for count in rows):
+            raise ValueError(f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}")
+        return tuple(sorted(set(rows)))
 
 
 class LibraryConfig(_Strict):
@@ -71,7 +82,8 @@ class AppConfig(_Strict):
     ingress_replicas: int = Field(1, ge=1)
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget)
+        return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
+                              packed_rows=self.model.packed_rows)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),

@@ -32,6 +32,7 @@ from toolspec.formats import CallFormat
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
 from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
 from toolspec.tool_grammar import tool_call_grammar
@@ -44,8 +45,14 @@ class EngineSettings:
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    draft_budget: int | Literal["auto"] = 8
+    draft_budget: int | Literal["auto"] = 7  # with the root, 8 rows: a packed size
     session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
+    # Row counts with prepacked linear weights (fp32 on CPU: cheap verification of up to
+    # max rows; each costs about 1.3x the weights' memory). Empty: stock kernels.
+    packed_rows: tuple[int, ...] = DEFAULT_PACKED_ROWS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packed_rows", tuple(sorted(set(self.packed_rows))))
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class ChatEngine(Protocol):
         """Build the prompt and drafter; nothing runs until ``steps`` is advanced."""
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take new settings of the same model and dtype (budgets)."""
+        """Take new settings of the same model, dtype and packed rows (budgets)."""
 
 
 class ToolSpecChatEngine:
@@ -73,7 +80,7 @@ class ToolSpecChatEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.loaded = load_model(settings.model, settings.dtype)
+        self.loaded = load_model(settings.model, settings.dtype, packed_rows=settings.packed_rows)
         self.engine = _engine(self.loaded, settings.draft_budget)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
         self.suffix_caches = TenantSuffixCaches()
@@ -86,7 +93,7 @@ class ToolSpecChatEngine:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take a new draft budget and session-cache budget (same model and dtype).
+        """Take a new draft budget and session-cache budget (same model, dtype, packed rows).
         Mutates: the engine and the session caches (emptied when their budget changes)."""
         if settings.draft_budget != self.settings.draft_budget:
             self.engine = _engine(self.loaded, settings.draft_budget)

@@ -121,7 +121,7 @@ class ModelServer:
     """The Serve deployment class of model replicas.
 
     ``settings``: the ``EngineSettings`` fields; ``user_config`` (``reconfigure``) may change
-    them later — another model or dtype reloads the engine, the rest applies in place.
+    them later — another model, dtype or packed_rows reloads the engine, the rest applies in place.
     ``engine_factory`` builds the engine (tests pass a scripted one). ``library``: the
     retrieval actor's handle, or None to draft without retrieval.
     """
@@ -138,7 +138,7 @@ class ModelServer:
         settings = replace(self.settings, **dict(user_config))
         if settings == self.settings:
             return
-        if (settings.model, settings.dtype) != (self.settings.model, self.settings.dtype):
+        if _loaded_as(settings) != _loaded_as(self.settings):
             logger.info("reloading the engine for %s", asdict(settings))
             self.replica.engine = self.factory(settings)
         else:
@@ -153,3 +153,8 @@ class ModelServer:
         replica = getattr(self, "replica", None)
         if replica is not None:
             replica.shutdown()
+
+
+def _loaded_as(settings: EngineSettings) -> tuple[str, str, tuple[int, ...]]:
+    """What a change of reloads the model (the rest applies in place)."""
+    return settings.model, settings.dtype, settings.packed_rows

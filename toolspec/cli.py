@@ -16,6 +16,7 @@ from toolspec.bench.methods import UnknownMethodError
 from toolspec.datasets import DatasetFormatError
 from toolspec.library import LibraryError
 from toolspec.models import DEFAULT_MODEL, REGISTRY, ModelError
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,24 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              f"hub id (default: {DEFAULT_MODEL})")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="auto: bf16 where the hardware runs it fast, else fp32")
+    parser.add_argument("--packed-rows", type=_packed_rows, default=DEFAULT_PACKED_ROWS,
+                        metavar="N,N|none",
+                        help="fp32 on CPU: row counts with prepacked linear weights, which make "
+                             "verifying 4 to max(N) tokens cheap (default: "
+                             f"{','.join(map(str, DEFAULT_PACKED_ROWS))}; none: stock kernels)")
+
+
+def _packed_rows(text: str) -> tuple[int, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        rows = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected row counts like 8,16 or none, got {text!r}")
+    if not rows or rows[0] <= STOCK_KERNEL_MAX_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, got {text!r}")
+    return rows
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -39,7 +58,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not items:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
     engine = build_engine(loaded, args.budget)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
@@ -153,7 +172,7 @@ def _cost_curve(args: argparse.Namespace) -> int:
     from toolspec.models import dtype_name, load_model
     from toolspec.target_model import TargetModel
 
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
     sizes = [k for k in DEFAULT_SIZES if k <= args.max_k]
     timings = measure_cost_curve(TargetModel(loaded.model), args.prefix, sizes, args.repeats)
     print(f"{loaded.name} {dtype_name(loaded.dtype)}, {args.prefix}-token prefix\n"
@@ -241,7 +260,7 @@ def _bench_library(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from toolspec.demo import run_demo
 
-    return run_demo(args.model, args.dtype, args.items)
+    return run_demo(args.model, args.dtype, args.items, args.packed_rows)
 
 
 def _models(args: argparse.Namespace) -> int:

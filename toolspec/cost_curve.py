@@ -68,7 +68,9 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures.
     """
     machine = describe_machine(loaded.device)
-    key = hashlib.sha256(f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}".encode()).hexdigest()
+    kernels = f"|packed={loaded.packed_rows}" if loaded.packed_rows else ""  # they change the curve
+    key = hashlib.sha256(
+        f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
     if path.is_file() and not refresh:
         return CostModel.load(path)
@@ -83,6 +85,7 @@ def cost_curve_document(loaded: LoadedModel, prefix: int, timings: dict[int, flo
     return {
         "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": prefix,
         "machine": describe_machine(loaded.device),
+        "packed_rows": list(loaded.packed_rows),
         "seconds": {str(k): t for k, t in timings.items()},
         "relative": {str(k): t / one for k, t in timings.items()},
     }

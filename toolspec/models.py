@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, pack_linear_layers, packing_available
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 _MARKER = "toolspec-source.json"
@@ -123,6 +125,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     dtype: torch.dtype
     device: torch.device
+    packed_rows: tuple[int, ...] = ()  # row counts with prepacked linear weights (none: stock)
 
 
 def toolspec_home() -> Path:
@@ -331,10 +334,13 @@ def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
+    packed_rows: Sequence[int] = DEFAULT_PACKED_ROWS,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, in eval mode, on ``device``.
 
-    ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise.
+    ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise. ``packed_rows``:
+    row counts for which linear weights are prepacked to make verification forwards cheap
+    (``toolspec.packed_linear``; fp32 on CPU only, ignored elsewhere; empty turns it off).
     """
     device = torch.device(device) if device is not None else default_device()
     if not isinstance(dtype, torch.dtype):
@@ -342,6 +348,9 @@ def load_model(
     source = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
-    return LoadedModel(
-        name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype, device=device
-    )
+    packed: tuple[int, ...] = ()
+    if packed_rows and packing_available(device, dtype):
+        pack_linear_layers(model, packed_rows)
+        packed = tuple(sorted(set(packed_rows)))
+    return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype,
+                       device=device, packed_rows=packed)

@@ -16,13 +16,19 @@ from toolspec.bench.analysis import HistoryPoint, history_label  # noqa: E402
 from toolspec.bench.growth import growth_points  # noqa: E402
 
 
+def _curve_label(curve: Mapping[str, Any]) -> str:
+    rows = curve.get("packed_rows")
+    kernels = f", packed {'/'.join(map(str, rows))}" if rows else ""
+    return f"{curve['model']} {curve['dtype']}{kernels}"
+
+
 def plot_cost_curves(curves: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Relative verification cost vs tokens per forward, one line per ``cost_curve.json``."""
     figure, axis = plt.subplots(figsize=(6, 4))
     for curve in curves:
         sizes = [int(k) for k in curve["relative"]]
         axis.plot(sizes, list(curve["relative"].values()), marker="o",
-                  label=f"{curve['model']} {curve['dtype']}")
+                  label=_curve_label(curve))
     axis.plot([1, max(sizes)], [1, max(sizes)], linestyle=":", color="grey",
               label="k sequential steps")
     axis.set_xscale("log", base=2)

@@ -223,6 +223,7 @@ def results_document(
         "dtype": dtype_name(loaded.dtype),
         "items": items,
         "machine": describe_machine(loaded.device),
+        "packed_rows": list(loaded.packed_rows),
         **extra,
         "methods": summary,
     }
@@ -296,10 +297,16 @@ def _cell(value: float | None) -> str:
     return f"{value:.0%}" if value is not None else "–"
 
 
+def _kernels(document: Mapping[str, Any]) -> str:
+    rows = document.get("packed_rows")
+    return f", linear weights packed for {'/'.join(map(str, rows))} rows" if rows else ""
+
+
 def format_markdown(document: Mapping[str, Any]) -> str:
     """A ``results.json`` document as a Markdown table (what docs/benchmarks.md embeds)."""
     lines = [f"{document['model']} {document['dtype']}, {document['items']} items of "
-             f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}; "
+             f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}"
+             f"{_kernels(document)}; "
              f"{document['machine']}", "",
              "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
              "| call accuracy | format adherence | of oracle |",
