@@ -48,7 +48,7 @@ class EngineSettings:
     draft_budget: int | Literal["auto"] = 7  # with the root, 8 rows: a packed size
     session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
     # Row counts with prepacked linear weights (fp32 on CPU: cheap verification of up to
-    # max rows; each costs about 1.3x the weights' memory). Empty: stock kernels.
+    # max rows; each costs about the weights' memory again). Empty: stock kernels.
     packed_rows: tuple[int, ...] = DEFAULT_PACKED_ROWS
 
     def __post_init__(self) -> None:

@@ -121,7 +121,8 @@ class ModelServer:
     """The Serve deployment class of model replicas.
 
     ``settings``: the ``EngineSettings`` fields; ``user_config`` (``reconfigure``) may change
-    them later — another model, dtype or packed_rows reloads the engine, the rest applies in place.
+    them later — another model, dtype or packed_rows reloads the engine, the rest applies in
+    place.
     ``engine_factory`` builds the engine (tests pass a scripted one). ``library``: the
     retrieval actor's handle, or None to draft without retrieval.
     """
@@ -156,5 +157,5 @@ class ModelServer:
 
 
 def _loaded_as(settings: EngineSettings) -> tuple[str, str, tuple[int, ...]]:
-    """What a change of reloads the model (the rest applies in place)."""
+    """The settings whose change reloads the model (the others apply in place)."""
     return settings.model, settings.dtype, settings.packed_rows

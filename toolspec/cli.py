@@ -38,7 +38,8 @@ def _packed_rows(text: str) -> tuple[int, ...]:
     try:
         rows = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected row counts like 8,16 or none, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected row counts like 8,16 or none, got {text!r}") from None
     if not rows or rows[0] <= STOCK_KERNEL_MAX_ROWS:
         raise argparse.ArgumentTypeError(
             f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, got {text!r}")

@@ -13,8 +13,8 @@ kernel: plain decoding (``ar``) runs exactly as before, with its fastest path. E
 is computed independently of the padding and of the other rows, so a draft node's logits do not
 depend on the rest of its tree.
 
-Cost: one packed copy of every weight per row count (about 1.3× the weights each), made when
-the model loads.
+Cost: one packed copy of every weight per row count (about as much memory as the weights
+again: 2 GB for the 0.5B default model in fp32), made in a second or two when the model loads.
 """
 
 from __future__ import annotations
