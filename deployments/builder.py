@@ -27,7 +27,7 @@ from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
@@ -52,9 +52,7 @@ class ModelConfig(_Strict):
     @field_validator("packed_rows")
     @classmethod
     def _packs_above_stock_sizes(cls, rows: tuple[int, ...]) -> tuple[int, ...]:
-        if any(count <= STOCK_KERNEL_MAX_ROWS for count in rows):
-            raise ValueError(f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}")
-        return tuple(sorted(set(rows)))
+        return normalize_packed_rows(rows)
 
 
 class LibraryConfig(_Strict):

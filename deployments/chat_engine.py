@@ -32,7 +32,7 @@ from toolspec.formats import CallFormat
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
 from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
 from toolspec.tool_grammar import tool_call_grammar
@@ -52,7 +52,7 @@ class EngineSettings:
     packed_rows: tuple[int, ...] = DEFAULT_PACKED_ROWS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "packed_rows", tuple(sorted(set(self.packed_rows))))
+        object.__setattr__(self, "packed_rows", normalize_packed_rows(self.packed_rows))
 
 
 @dataclass(frozen=True)

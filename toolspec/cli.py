@@ -16,7 +16,8 @@ from toolspec.bench.methods import UnknownMethodError
 from toolspec.datasets import DatasetFormatError
 from toolspec.library import LibraryError
 from toolspec.models import DEFAULT_MODEL, REGISTRY, ModelError
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS
+from toolspec.packed_linear import (DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS,
+                                    normalize_packed_rows)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +37,13 @@ def _packed_rows(text: str) -> tuple[int, ...]:
     if text.strip().lower() == "none":
         return ()
     try:
-        rows = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
+        rows = normalize_packed_rows(int(part) for part in text.split(",") if part.strip())
+    except ValueError as error:
         raise argparse.ArgumentTypeError(
-            f"expected row counts like 8,16 or none, got {text!r}") from None
-    if not rows or rows[0] <= STOCK_KERNEL_MAX_ROWS:
-        raise argparse.ArgumentTypeError(
-            f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, got {text!r}")
+            f"expected row counts above {STOCK_KERNEL_MAX_ROWS} like 8,16, or none; "
+            f"got {text!r} ({error})") from None
+    if not rows:
+        raise argparse.ArgumentTypeError("--packed-rows needs row counts like 8,16, or none")
     return rows
 
 

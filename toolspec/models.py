@@ -29,7 +29,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, pack_linear_layers, packing_available
+from toolspec.packed_linear import (DEFAULT_PACKED_ROWS, normalize_packed_rows, pack_linear_layers,
+                                    packing_available)
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 _MARKER = "toolspec-source.json"
@@ -348,9 +349,8 @@ def load_model(
     source = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
-    packed: tuple[int, ...] = ()
-    if packed_rows and packing_available(device, dtype):
-        pack_linear_layers(model, packed_rows)
-        packed = tuple(sorted(set(packed_rows)))
+    packed = normalize_packed_rows(packed_rows) if packing_available(device, dtype) else ()
+    if packed:
+        pack_linear_layers(model, packed)
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, packed_rows=packed)

@@ -31,6 +31,15 @@ DEFAULT_PACKED_ROWS: tuple[int, ...] = (8, 16)
 STOCK_KERNEL_MAX_ROWS = 3
 
 
+def normalize_packed_rows(packed_rows: Sequence[int]) -> tuple[int, ...]:
+    """``packed_rows`` sorted without repeats; ValueError if any is a stock-kernel size."""
+    rows = tuple(sorted(set(packed_rows)))
+    if rows and rows[0] <= STOCK_KERNEL_MAX_ROWS:
+        raise ValueError(f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, "
+                         f"got {list(rows)}")
+    return rows
+
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """True where packed weights pay and exist: fp32 on a CPU build of torch with MKL."""
     return (
@@ -50,11 +59,9 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, packed_rows: Sequence[int]) -> None:
         super().__init__()
-        rows = tuple(sorted(set(packed_rows)))
-        if not rows or rows[0] <= STOCK_KERNEL_MAX_ROWS:
-            raise ValueError(
-                f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, got {packed_rows}"
-            )
+        rows = normalize_packed_rows(packed_rows)
+        if not rows:
+            raise ValueError("a PackedLinear needs at least one packed row count")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight
