@@ -14,10 +14,22 @@ def test_cost_model_interpolates_and_extrapolates() -> None:
         CostModel((2, 4), (1.0, 2.0))
 
 
-def test_fixed_budget_keeps_the_first_nodes() -> None:
-    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([4], "b")])
+def test_fixed_budget_keeps_the_likeliest_nodes() -> None:
+    likely = WeightedDraft((1, 2, 3), ("a",) * 3, (0.9, 0.8, 0.7))
+    unlikely = WeightedDraft((4, 5), ("b",) * 2, (0.1, 0.05))
+    tree = DraftTree.from_weighted([unlikely, likely])
     assert FixedBudget(2).select(tree).tokens == (1, 2)
+    assert FixedBudget(4).select(tree).tokens == (4, 1, 2, 3)  # tree order kept
     assert FixedBudget(9).select(tree) is tree
+
+
+def test_fixed_budget_follows_the_calibration() -> None:
+    """A source the model keeps rejecting loses its place to one it accepts."""
+    tree = DraftTree.from_sequences([([1, 2], "rejected"), ([3, 4], "accepted")])
+    budget = FixedBudget(2, AcceptanceCalibration(smoothing=1.0))
+    for _ in range(5):
+        budget.observe(tree, [2, 3])
+    assert budget.select(tree).tokens == (3, 4)
 
 
 def chain(length: int, prior: float, source: str = "s") -> DraftTree:

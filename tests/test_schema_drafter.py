@@ -168,3 +168,36 @@ def test_candidates_reach_a_fallback_that_wants_them(qwen_tokenizer) -> None:
     assert fallback.fed == [((5, 7), top_k)]
     assert logits_observer(SchemaDrafter(qwen_tokenizer, PromptLookupDrafter())) is None
     assert logits_observer(SchemaDrafter(qwen_tokenizer, None)) is None
+
+
+def test_sources_cannot_crowd_the_fallback_out(qwen_tokenizer) -> None:
+    """Inside a string value the schema offers every way to end it, enough to fill any budget;
+    the fallback's continuation of the value must still be offered, for the draft budget to
+    weigh against them, and no path may grow deeper than the budget."""
+    from collections.abc import Sequence
+
+    from toolspec.draft_tree import DraftTree
+    from toolspec.drafters.base import DraftRequest
+
+    class Chain:
+        name = "chain"
+
+        def start(self, request: DraftRequest) -> None: ...
+        def observe(self, emitted: Sequence[int]) -> None: ...
+        def stop(self) -> None: ...
+
+        def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+            return DraftTree.from_sequences([([11, 12, 13, 14, 15, 16][:budget], self.name)])
+
+    properties = {f"p{i}": {"type": "string"} for i in range(12)}
+    tools = ToolSet.from_functions([{"name": "f", "parameters": {
+        "type": "object", "properties": properties}}])
+    drafter = SchemaDrafter(qwen_tokenizer, fallback=Chain())
+    prefix = qwen_tokenizer.encode('{"name": "f", "arguments": {"p0": "Par')
+    drafter.start(DraftRequest((1, 2), tools, get_format("json")))
+    drafter.observe(prefix)
+    tree = drafter.propose([1, 2, *prefix], 4)
+    from_chain = [token for token, source in zip(tree.tokens, tree.sources) if source == "chain"]
+    assert from_chain == [11, 12, 13, 14]
+    assert sum(source != "chain" for source in tree.sources) == 4  # the schema's full share
+    assert tree.max_depth() <= 4

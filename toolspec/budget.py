@@ -71,6 +71,13 @@ class AcceptanceCalibration:
                 self.expected[key] = self.expected.get(key, 0.0) + tree.priors[node]
                 self.accepted[key] = self.accepted.get(key, 0.0) + (node in on_path)
 
+    def reach_probabilities(self, tree: DraftTree) -> list[float]:
+        """Calibrated probability that each node is accepted (it and all its ancestors)."""
+        reach: list[float] = []
+        for parent, probability in zip(tree.parents, self.probabilities(tree)):
+            reach.append(probability * (1.0 if parent == ROOT else reach[parent]))
+        return reach
+
     def rates(self) -> dict[str, float]:
         """Accepted / expected per source (all kinds of its nodes together)."""
         accepted: dict[str, float] = {}
@@ -82,9 +89,15 @@ class AcceptanceCalibration:
         return {s: accepted.get(s, 0.0) / e for s, e in expected.items() if e}
 
 
+def ranked_by_reach(reach: Sequence[float]) -> list[int]:
+    """Nodes, likeliest first. Reach never grows along a path and ties go to the lower index
+    (parents come first), so every prefix of this ranking is a connected subtree."""
+    return sorted(range(len(reach)), key=lambda node: (-reach[node], node))
+
+
 @dataclass
 class FixedBudget:
-    """The first ``max_nodes`` nodes of every tree, in tree order."""
+    """The ``max_nodes`` nodes of every tree most likely to be accepted (calibrated reach)."""
 
     max_nodes: int
     calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
@@ -92,7 +105,8 @@ class FixedBudget:
     def select(self, tree: DraftTree) -> DraftTree:
         if len(tree) <= self.max_nodes:
             return tree
-        return tree.subtree(range(self.max_nodes))
+        ranked = ranked_by_reach(self.calibration.reach_probabilities(tree))
+        return tree.subtree(sorted(ranked[: self.max_nodes]))
 
     def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
         self.calibration.observe(tree, accepted)
@@ -148,20 +162,11 @@ class CostAwareBudget:
     max_nodes: int = 64
     calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
 
-    def reach_probabilities(self, tree: DraftTree) -> list[float]:
-        """Probability that each node is accepted (it and all its ancestors)."""
-        reach: list[float] = []
-        for parent, probability in zip(tree.parents, self.calibration.probabilities(tree)):
-            reach.append(probability * (1.0 if parent == ROOT else reach[parent]))
-        return reach
-
     def select(self, tree: DraftTree) -> DraftTree:
         if not len(tree):
             return tree
-        reach = self.reach_probabilities(tree)
-        # Reach never grows along a path and ties go to the lower index (parents come first),
-        # so every prefix of this ranking is a connected subtree.
-        ranked = sorted(range(len(tree)), key=lambda node: (-reach[node], node))
+        reach = self.calibration.reach_probabilities(tree)
+        ranked = ranked_by_reach(reach)
         best_count, best_rate, expected = 0, 1.0 / self.cost.cost(1), 1.0
         for count, node in enumerate(ranked[: self.max_nodes], start=1):
             expected += reach[node]

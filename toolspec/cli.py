@@ -49,7 +49,7 @@ def _packed_rows(text: str) -> tuple[int, ...]:
 
 def _bench(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import parse_methods
-    from toolspec.bench.run import (ResultLog, build_engine, format_table, load_finished,
+    from toolspec.bench.run import (ResultLog, build_engines, format_table, load_finished,
                                     results_document, run_items, summarize, write_summary)
     from toolspec.datasets import load_dataset
     from toolspec.engine import GenerationParams
@@ -61,7 +61,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
     loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
-    engine = build_engine(loaded, args.budget)
+    engines = build_engines(loaded, methods, args.budget)
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
     if finished:
@@ -70,7 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
     with _library(args, methods) as library:
         seeded = library.stats().calls if library is not None else None
         results = [log.record(r) if log else r for r in run_items(
-            engine, loaded.tokenizer, items, methods, params, call_format=_call_format(args.format),
+            engines, loaded.tokenizer, items, methods, params, call_format=_call_format(args.format),
             library=library, tenant=args.tenant, finished=finished)]
     if log:
         log.close()
@@ -80,7 +80,8 @@ def _bench(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "library": {"seeded_calls": seeded, "seed": str(args.seed_library)} if seeded is not None
         else None,
-        "acceptance_by_source": engine.budget.calibration.rates(),
+        "acceptance_by_source": {method: rates for method, rates in (
+            (method, engines[method].budget.calibration.rates()) for method in methods) if rates},
     })
     print(f"{loaded.name} {document['dtype']}, {len(items)} items of {args.data}, "
           f"draft budget {args.budget or 'auto'}\n{document['machine']}")

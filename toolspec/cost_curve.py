@@ -68,7 +68,9 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures.
     """
     machine = describe_machine(loaded.device)
-    kernels = f"|packed={loaded.packed_rows}" if loaded.packed_rows else ""  # they change the curve
+    # Weight packing and the attention function change the curve.
+    kernels = f"|packed={loaded.packed_rows}" if loaded.packed_rows else ""
+    kernels += f"|attention={_attention(loaded)}"
     key = hashlib.sha256(
         f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
@@ -86,6 +88,11 @@ def cost_curve_document(loaded: LoadedModel, prefix: int, timings: dict[int, flo
         "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": prefix,
         "machine": describe_machine(loaded.device),
         "packed_rows": list(loaded.packed_rows),
+        "attention": _attention(loaded),
         "seconds": {str(k): t for k, t in timings.items()},
         "relative": {str(k): t / one for k, t in timings.items()},
     }
+
+
+def _attention(loaded: LoadedModel) -> str:
+    return str(loaded.model.config._attn_implementation)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 
 from toolspec.bench.methods import parse_methods
-from toolspec.bench.run import build_engine, format_table, run_items, summarize
+from toolspec.bench.run import build_engines, format_table, run_items, summarize
 from toolspec.datasets import load_apibank, sample_path
 from toolspec.engine import GenerationParams
 from toolspec.models import dtype_name, load_model
@@ -18,9 +18,8 @@ def run_demo(model: str, dtype: str, count: int,
     print(f"loading {model} (the first run rebuilds and converts the weights, about a minute)...")
     loaded = load_model(model, dtype=dtype, packed_rows=packed_rows)
     items = load_apibank(sample_path(), limit=count)
-    engine = build_engine(loaded)
     methods = parse_methods("ar,pld,toolspec-schema")
-    results = list(run_items(engine, loaded.tokenizer, items, methods,
+    results = list(run_items(build_engines(loaded, methods), loaded.tokenizer, items, methods,
                              GenerationParams(max_new_tokens=160), progress=False))
     by_item = {(r.item, r.method): r for r in results}
     for item in items:

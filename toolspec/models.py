@@ -29,6 +29,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from toolspec.grouped_attention import use_grouped_tree_attention
 from toolspec.packed_linear import (DEFAULT_PACKED_ROWS, normalize_packed_rows, pack_linear_layers,
                                     packing_available)
 
@@ -342,6 +343,7 @@ def load_model(
     ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise. ``packed_rows``:
     row counts for which linear weights are prepacked to make verification forwards cheap
     (``toolspec.packed_linear``; fp32 on CPU only, ignored elsewhere; empty turns it off).
+    Tree forwards attend over grouped key/value heads as they are (``toolspec.grouped_attention``).
     """
     device = torch.device(device) if device is not None else default_device()
     if not isinstance(dtype, torch.dtype):
@@ -349,6 +351,7 @@ def load_model(
     source = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
     packed = normalize_packed_rows(packed_rows) if packing_available(device, dtype) else ()
     if packed:
         pack_linear_layers(model, packed)

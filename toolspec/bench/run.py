@@ -100,7 +100,7 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
 
 
 def run_items(
-    engine: Engine,
+    engines: Mapping[str, Engine],
     tokenizer: PreTrainedTokenizerBase,
     items: Sequence[BenchItem],
     methods: Sequence[str],
@@ -111,7 +111,8 @@ def run_items(
     tenant: str = "default",
     finished: Mapping[str, Mapping[str, ItemResult]] | None = None,
 ) -> Iterable[ItemResult]:
-    """Yield one result per (item, method), ``ar`` first for every item.
+    """Yield one result per (item, method), ``ar`` first for every item, each method run by its
+    engine in ``engines`` (see ``build_engines``).
 
     ``call_format`` overrides the format detected from each prompt. With a ``library``, the
     calls plain decoding produced on an item are added to it once every method has run on that
@@ -126,8 +127,8 @@ def run_items(
     setup = MethodSetup(tokenizer, library)
     drafter_for = {method: METHODS[method](setup) for method in methods}
     # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
-    engine.generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0], None,
-                    GenerationParams(max_new_tokens=4))
+    engines[BASELINE].generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0],
+                               None, GenerationParams(max_new_tokens=4))
     for item in tqdm(items, desc="items", unit="item", disable=not progress):
         prompt, item_format = chat_prompt(tokenizer, item.messages, item.openai_tools, call_format)
         earlier = finished.get(item.id, {})
@@ -137,10 +138,10 @@ def run_items(
                 remember_calls(library, item, item_format.parse(earlier[BASELINE].text), tenant)
             continue
         stored = library.stats().calls if library is not None else None
-        ar = engine.generate(prompt, None, ar_params)
+        ar = engines[BASELINE].generate(prompt, None, ar_params)
         yield _item_result(item, BASELINE, ar, ar, stored, tokenizer, item_format)
         for method in methods[1:]:
-            generation = engine.generate(prompt, drafter_for[method](ar.tokens), params,
+            generation = engines[method].generate(prompt, drafter_for[method](ar.tokens), params,
                                          tools=item.tools, call_format=item_format,
                                          conversation=conversation_text(item.messages),
                                          tenant=tenant)
@@ -321,9 +322,18 @@ def format_markdown(document: Mapping[str, Any]) -> str:
 
 def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine:
     """An engine whose trees follow this machine's cost curve, or a fixed node cap."""
-    budget: DraftBudget | int
-    if fixed_budget is None:
-        budget = CostAwareBudget(cached_cost_model(loaded))
-    else:
-        budget = fixed_budget
-    return Engine(TargetModel(loaded.model), loaded.tokenizer, budget=budget)
+    return build_engines(loaded, [BASELINE], fixed_budget)[BASELINE]
+
+
+def build_engines(loaded: LoadedModel, methods: Sequence[str],
+                  fixed_budget: int | None = None) -> dict[str, Engine]:
+    """One engine per method over the same model, each with a budget of its own (sized to this
+    machine's cost curve, or a fixed node cap): what one method's drafts taught a budget about
+    a draft source must not steer another method's trees."""
+    model = TargetModel(loaded.model)
+    cost = cached_cost_model(loaded) if fixed_budget is None else None
+
+    def budget() -> DraftBudget | int:  # an int: the engine checks it and caps trees with it
+        return CostAwareBudget(cost) if cost is not None else fixed_budget
+
+    return {method: Engine(model, loaded.tokenizer, budget=budget()) for method in methods}

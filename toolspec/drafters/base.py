@@ -45,7 +45,9 @@ class Drafter(Protocol):
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         """Draft what follows ``context`` (prompt + every emitted token), at most ``budget`` nodes.
 
-        Must not mutate ``context``.
+        A drafter that merges several drafters' trees may return up to ``budget`` nodes from
+        each (never a path deeper than ``budget``): the engine's ``DraftBudget`` then picks what
+        is verified, by calibrated acceptance. Must not mutate ``context``.
         """
 
     def observe(self, emitted: Sequence[int]) -> None:

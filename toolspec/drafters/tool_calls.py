@@ -151,10 +151,14 @@ class ToolCallDrafter:
     # ---- drafting -------------------------------------------------------------------------
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        """Up to ``budget`` nodes from the sources and up to ``budget`` from the fallback, in one
+        trie (no path deeper than ``budget``). The engine's draft budget picks what is verified
+        by calibrated acceptance, so sources offering many unlikely candidates (every way to end
+        a string value, say) cannot crowd out the fallback's likely ones (the value's rest)."""
         weighted = [w for w in (self._tokens(d, context) for d in self.text_drafts()) if w]
         tree = DraftTree.from_weighted(weighted, budget)
-        if self.fallback is not None and len(tree) < budget:
-            tree = tree.merge(self.fallback.propose(context, budget), budget)
+        if self.fallback is not None:
+            tree = tree.merge(self.fallback.propose(context, budget), len(tree) + budget)
         return tree
 
     def text_drafts(self) -> list[TextDraft]:
