@@ -80,8 +80,8 @@ def _bench(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "library": {"seeded_calls": seeded, "seed": str(args.seed_library)} if seeded is not None
         else None,
-        "acceptance_by_source": {method: rates for method, rates in (
-            (method, engines[method].budget.calibration.rates()) for method in methods) if rates},
+        "acceptance_by_source": {method: rates for method, engine in engines.items()
+                                 if (rates := engine.budget.calibration.rates())},
     })
     print(f"{loaded.name} {document['dtype']}, {len(items)} items of {args.data}, "
           f"draft budget {args.budget or 'auto'}\n{document['machine']}")

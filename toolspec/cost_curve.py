@@ -18,6 +18,7 @@ import torch
 from toolspec.bench.machine import describe_machine
 from toolspec.budget import CostModel
 from toolspec.draft_tree import DraftTree
+from toolspec.grouped_attention import attention_implementation
 from toolspec.models import LoadedModel, dtype_name, toolspec_home
 from toolspec.target_model import TargetModel, commit_path
 
@@ -70,7 +71,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     machine = describe_machine(loaded.device)
     # Weight packing and the attention function change the curve.
     kernels = f"|packed={loaded.packed_rows}" if loaded.packed_rows else ""
-    kernels += f"|attention={_attention(loaded)}"
+    kernels += f"|attention={attention_implementation(loaded.model)}"
     key = hashlib.sha256(
         f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
@@ -88,11 +89,7 @@ def cost_curve_document(loaded: LoadedModel, prefix: int, timings: dict[int, flo
         "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": prefix,
         "machine": describe_machine(loaded.device),
         "packed_rows": list(loaded.packed_rows),
-        "attention": _attention(loaded),
+        "attention": attention_implementation(loaded.model),
         "seconds": {str(k): t for k, t in timings.items()},
         "relative": {str(k): t / one for k, t in timings.items()},
     }
-
-
-def _attention(loaded: LoadedModel) -> str:
-    return str(loaded.model.config._attn_implementation)

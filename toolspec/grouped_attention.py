@@ -57,10 +57,15 @@ AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, sdpa_mask)
 
 
+def attention_implementation(model: PreTrainedModel) -> str:
+    """The name of the attention function ``model`` runs (``sdpa``, ``GROUPED_SDPA``, ...)."""
+    return str(model.config._attn_implementation)
+
+
 def use_grouped_tree_attention(model: PreTrainedModel) -> bool:
     """Switch ``model`` from stock SDPA to ``grouped_sdpa_attention``; False (and no change) when
     it uses another attention implementation. Mutates: ``model``'s attention implementation."""
-    if model.config._attn_implementation not in (STOCK_SDPA, GROUPED_SDPA):
+    if attention_implementation(model) not in (STOCK_SDPA, GROUPED_SDPA):
         return False
     model.set_attn_implementation(GROUPED_SDPA)
     return True

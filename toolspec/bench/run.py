@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
-from toolspec.budget import CostAwareBudget, DraftBudget
+from toolspec.budget import CostAwareBudget
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
@@ -331,9 +331,9 @@ def build_engines(loaded: LoadedModel, methods: Sequence[str],
     machine's cost curve, or a fixed node cap): what one method's drafts taught a budget about
     a draft source must not steer another method's trees."""
     model = TargetModel(loaded.model)
-    cost = cached_cost_model(loaded) if fixed_budget is None else None
-
-    def budget() -> DraftBudget | int:  # an int: the engine checks it and caps trees with it
-        return CostAwareBudget(cost) if cost is not None else fixed_budget
-
-    return {method: Engine(model, loaded.tokenizer, budget=budget()) for method in methods}
+    if fixed_budget is not None:  # an int: the engine checks it and caps every tree with it
+        return {method: Engine(model, loaded.tokenizer, budget=fixed_budget)
+                for method in methods}
+    cost = cached_cost_model(loaded)
+    return {method: Engine(model, loaded.tokenizer, budget=CostAwareBudget(cost))
+            for method in methods}
