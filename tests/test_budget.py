@@ -82,3 +82,16 @@ def test_calibration_learns_each_kind_of_nodes_acceptance() -> None:
     assert p_first < 0.35 and p_inner == pytest.approx(0.995)
     fresh = DraftTree((7,), (ROOT,), ("unseen",), (0.8,))
     assert calibration.probabilities(fresh) == [pytest.approx(0.8)]
+
+
+def test_calibration_tells_a_source_apart_by_what_it_follows() -> None:
+    """A call's close after a value copied from the conversation is right; the same close
+    after a fallback's guess is not: each is learned on its own."""
+    calibration = AcceptanceCalibration(smoothing=1.0)
+    after_value = DraftTree((1, 2), (ROOT, 0), ("value", "close"), (1.0, 0.3))
+    after_guess = DraftTree((3, 4), (ROOT, 0), ("guess", "close"), (1.0, 0.3))
+    for _ in range(40):
+        calibration.observe(after_value, accepted=[0, 1])
+        calibration.observe(after_guess, accepted=[0])
+    assert calibration.probabilities(after_value)[1] > 0.9
+    assert calibration.probabilities(after_guess)[1] < 0.05

@@ -30,17 +30,19 @@ class DraftBudget(Protocol):
         """Learn from a verified tree and its accepted nodes. Mutates: the budget's statistics."""
 
 
-CalibrationKey = tuple[str, int, bool]
+ROOT_SOURCE = "root"  # the parent source of a top-level node
+CalibrationKey = tuple[str, int, str]  # source, prior band, parent's source
 
 
 @dataclass
 class AcceptanceCalibration:
     """Accepted nodes / the drafter's expected accepted nodes, smoothed, per kind of node.
 
-    A node's kind is its source, its prior's range, and whether it starts its source's run
-    (its parent is the root or another source's node): the first token a source adds after a
-    choice it did not see is far less certain than the tokens that follow it. Only nodes whose
-    parent was accepted count (the others were never put to the test).
+    A node's kind is its source, its prior's range, and its parent's source (``"root"`` at
+    the top): the first token a source adds after a choice it did not see is far less certain
+    than the tokens that follow it, and how certain depends on what came before (a call's
+    close after a value copied from the conversation, say, or after a fallback's guess). Only
+    nodes whose parent was accepted count (the others were never put to the test).
     """
 
     smoothing: float = 2.0
@@ -51,7 +53,7 @@ class AcceptanceCalibration:
     def key(tree: DraftTree, node: int) -> CalibrationKey:
         prior, parent, source = tree.priors[node], tree.parents[node], tree.sources[node]
         band = 3 if prior >= 0.99 else 2 if prior >= 0.5 else 1 if prior >= 0.1 else 0
-        return source, band, parent == ROOT or tree.sources[parent] != source
+        return source, band, ROOT_SOURCE if parent == ROOT else tree.sources[parent]
 
     def probabilities(self, tree: DraftTree) -> list[float]:
         """Each node's calibrated probability of acceptance given its parent's."""

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from toolspec.drafters.date_values import (DateMention, find_date_mentions, mentions_written,
+                                           render, value_patterns)
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
 from toolspec.tools import Tool, ToolSet
 
@@ -32,6 +34,7 @@ OPEN = "schema/open"
 NAME = "schema/name"
 PARAM = "schema/param"
 VALUE = "schema/value"
+DATE = "schema/date"  # a date or time of the conversation, spelled as the schema asks
 CLOSE = "schema/close"
 
 
@@ -90,6 +93,7 @@ class GrammarPriors:
     copied_span: float = 0.3  # a string value continues as a span of the conversation
     number_share: float = 0.5  # a numeric value is the first unused number of the conversation
     string_share: float = 0.3  # a string value is the latest unused name/id/quote of the conversation
+    date_share: float = 0.5  # a value with a date pattern is the latest unused date mentioned
 
 
 class CallGrammar:
@@ -118,6 +122,10 @@ class CallGrammar:
         self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
         self._strings = _value_like_spans(conversation)
         self._used_values: frozenset[str] = frozenset()
+        self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
+        self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
+        self._used_dates: frozenset[int] = frozenset()
+        self._assumed_years: tuple[int, ...] = ()
         self._cache: dict[tuple, list[Branch]] = {}
 
     # ---- entry point ----------------------------------------------------------------------
@@ -128,26 +136,32 @@ class CallGrammar:
         styles: Sequence[tuple[JsonStyle, float]],
         openings: Sequence[tuple[str, float]] | None = None,
         closings: Sequence[tuple[str, float]] | None = None,
+        years: Sequence[int] = (),
     ) -> list[TextDraft]:
         """Candidates written from ``scanner.anchor``, most of them stopping at a choice point
         the grammar cannot resolve (a free-text value). ``styles`` are the JSON spacings to
         draft in; ``openings`` what may precede the first call and ``closings`` what may follow
-        the last one (all with probabilities; the format's own text by default).
+        the last one (all with probabilities; the format's own text by default); ``years``
+        those the model writes dates in when the conversation names none.
 
         Mutates: a cache of the structural branches, keyed by the scanner's position.
         """
         fmt = self.format
         self.openings = tuple(openings or [(fmt.block_open + fmt.call_open, 1.0)])
         self.closings = tuple(closings or [(fmt.call_close + fmt.block_close, 1.0)])
+        self._assumed_years = tuple(years)
         numbers_written = set(_NUMBER.findall(scanner.text))
         self._used_values = frozenset(
             [n for n in self._numbers if n in numbers_written]
             + [s for s in self._strings if f'"{_quoted_inner(s)}"' in scanner.text])
+        self._used_dates = mentions_written(self._dates, scanner.text) if self._dates \
+            else frozenset()
         drafts: list[TextDraft] = []
         for style, style_prior in styles:
             key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
                    scanner.arguments_open, bool(scanner.calls), scanner.parameter, style,
-                   self._used_values, self.openings, self.closings)
+                   self._used_values, self._used_dates, self._assumed_years, self.openings,
+                   self.closings)
             structural = self._cache.get(key)
             if structural is None:
                 structural = self._cache[key] = self._branches(scanner, style)
@@ -210,7 +224,9 @@ class CallGrammar:
         depth = self.chained_choices
         if state is CallState.VALUE_STRING:
             return (self._value_ends_now(tool, given, typed, state, style, depth)
-                    + self._copied_spans(tool, given, typed, partial, style, depth))
+                    + self._copied_spans(tool, given, typed, partial, style, depth)
+                    + self._typed_year_dates(tool, scanner.parameter, given, typed, partial,
+                                             style, depth))
         if state is CallState.VALUE_LITERAL and partial[:1] in "-0123456789":
             return self._value_ends_now(tool, given, typed, state, style, depth)
         return []
@@ -296,6 +312,9 @@ class CallGrammar:
         if kind == "string":
             opener = Segment('"', FIXED)
             branches = [((opener,), False)]
+            if depth > 0:
+                branches += [((opener, *rest), ends) for rest, ends
+                             in self._dates_in_pattern(tool, schema, given, style, depth, None)]
             for span, share in self._conversation_strings() if depth > 0 else ():
                 value = Segment(_quoted_inner(span) + '"', VALUE, share)
                 branches += [((opener, value, *rest), ends)
@@ -308,6 +327,46 @@ class CallGrammar:
                 branches += [((value, *rest), ends)
                              for rest, ends in self._after_value(tool, given, style, depth - 1)]
         return branches
+
+    def _dates_in_pattern(self, tool: Tool, schema: Mapping[str, Any], given: Sequence[str],
+                          style: JsonStyle, depth: int, year: int | None) -> list[Branch]:
+        """From just after a string value's opening quote: the conversation's unused dates
+        written in the pattern the schema asks for, the latest message's first, with
+        geometrically decreasing priors. A date without a time stops before the time fields.
+        ``year`` stands in for a year the conversation leaves out (else ``_default_year``)."""
+        patterns = value_patterns(schema) if self._dates else []
+        years = [year if year is not None else self._default_year()]
+        values = list(dict.fromkeys(
+            value for index, mention in enumerate(self._dates) if index not in self._used_dates
+            for pattern in patterns for candidate_year in years
+            if (value := render(mention, pattern, candidate_year)) is not None))
+        branches: list[Branch] = []
+        for rank, (text, complete) in enumerate(values[:_MAX_DATES]):
+            share = self.priors.date_share * 0.5 ** rank
+            if not complete:
+                branches.append(((Segment(_quoted_inner(text), DATE, share),), False))
+                continue
+            value = Segment(_quoted_inner(text) + '"', DATE, share)
+            branches += [((value, *rest), ends)
+                         for rest, ends in self._after_value(tool, given, style, depth - 1)]
+        return branches
+
+    def _default_year(self) -> int | None:
+        """The year of dates said without one: the conversation's latest, else the one the
+        model has been writing."""
+        return next(iter(self._years or self._assumed_years), None)
+
+    def _typed_year_dates(self, tool: Tool, parameter: str | None, given: Sequence[str],
+                          typed: str, partial: str, style: JsonStyle, depth: int) -> list[Branch]:
+        """The conversation's dates in the year the model has just written (when the
+        conversation gives no year, or another one)."""
+        match = _TYPED_YEAR.match(partial)
+        if match is None or int(match.group(1)) == self._default_year():
+            return []
+        schema = tool.properties.get(parameter or "", {})
+        prefix = typed[: len(typed) - len(partial)]
+        return [((Segment(prefix, FIXED), *rest), ends) for rest, ends in self._dates_in_pattern(
+            tool, schema, given, style, depth, int(match.group(1)))]
 
     def _conversation_strings(self) -> list[tuple[str, float]]:
         """Likely string values from the conversation (quoted text, names, ids, dates) not yet
@@ -419,6 +478,8 @@ def _known_values(schema: Mapping[str, Any]) -> list[Any]:
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 _MAX_NUMBERS = 4
 _MAX_STRINGS = 4
+_MAX_DATES = 4
+_TYPED_YEAR = re.compile(r"((?:19|20)\d\d)\b")
 # Spans that tend to be argument values: quoted text, capitalised names, tokens with digits
 # (ids, dates, times, emails).
 _VALUE_LIKE = re.compile(
@@ -426,6 +487,12 @@ _VALUE_LIKE = re.compile(
     r"|((?:(?:Dr|Mr|Mrs|Ms|Prof)\.\s?)?[A-Z][\w'&-]*(?:\s+[A-Z][\w'&-]*)*)"
     r"|([\w.@:/+-]*\d[\w.@:/+-]*)"
 )
+
+
+def _latest_message_first(mentions: Sequence[DateMention], text: str) -> list[DateMention]:
+    """``mentions`` of later lines (messages) first; within a line in order of appearance (the
+    order in which "from 2pm to 4pm" fills a start and an end)."""
+    return sorted(mentions, key=lambda m: (-text.count("\n", 0, m.position), m.position))
 
 
 def _value_like_spans(conversation: str) -> list[str]:

@@ -33,7 +33,7 @@ class GrammarSource:
         if self._grammar is None:
             return []
         return self._grammar.continuations(view.scanner, view.styles, view.opening_options,
-                                           view.closings)
+                                           view.closings, view.years)
 
     def finish(self, request: DraftRequest, scanner: CallScanner) -> None:
         self._grammar = None

@@ -1,7 +1,8 @@
 """What the model has been seen to write around its calls, remembered across requests.
 
 Its JSON spacing (``{"a": 1}`` vs ``{"a":1}``), the text before its first call and the text after
-its last one. Drafts follow these habits instead of the format's textbook rendering.
+its last one, and the years of the dates it writes (the best guess for a date said without
+one). Drafts follow these habits instead of the format's textbook rendering.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from toolspec.drafters.date_values import date_values
 from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE, CallFormat,
                               CallScanner, JsonStyle)
 
@@ -27,6 +29,7 @@ class StyleMemory:
         # Per format and opening: what followed the last call. A model that opened with the
         # block's fence closes it; one that started with a bare object does not.
         self.closings: dict[tuple[str, str], Counter[str]] = {}
+        self.years: Counter[int] = Counter()  # years of the date values the model wrote
 
     def style_of(self, text: str) -> JsonStyle | None:
         colon, comma = _COLON.search(text), _COMMA.search(text)
@@ -74,10 +77,16 @@ class StyleMemory:
             default = call_format.call_close + ("" if block else call_format.block_close)
         return self._options(self.closings.get((call_format.name, opening)), default)
 
+    def year_options(self) -> tuple[int, ...]:
+        """The years the model has written date values in, the most used first."""
+        return tuple(year for year, _ in self.years.most_common(2))
+
     def learn(self, call_format: CallFormat, scanner: CallScanner) -> None:
-        """Record the spacing, opening and closing of a finished output that held calls."""
+        """Record the spacing, opening, closing and date years of a finished output that held
+        calls."""
         if not scanner.calls:
             return
+        self.years.update(date.year for date in date_values(scanner.text) if date.year)
         style = self.style_of(scanner.text)
         if style is not None:
             self.styles[style] += 1

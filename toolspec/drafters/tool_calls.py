@@ -56,6 +56,7 @@ class DraftingView:
     styles: Sequence[tuple[JsonStyle, float]]  # JSON spacings to draft in, with probabilities
     closings: Sequence[tuple[str, float]]  # what may follow the last call
     opening_options: Sequence[tuple[str, float]]  # what may precede the first call
+    years: Sequence[int] = ()  # the years the model writes dates in, the most used first
 
 
 class CandidateSource(Protocol):
@@ -174,6 +175,7 @@ class ToolCallDrafter:
             styles=self.memory.style_options(scanner.text),
             closings=self.memory.closing_options(call_format, opening),
             opening_options=self.memory.opening_options(call_format),
+            years=self.memory.year_options(),
         )
         typed = scanner.text[scanner.anchor:]
         proposals = [source.candidates(view) for source in self.sources]
