@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -88,7 +88,8 @@ def find_date_mentions(text: str) -> list[DateMention]:
     return sorted(unique.values(), key=lambda m: m.position)
 
 
-def _spans(text: str, forms: Sequence[re.Pattern[str]], fields: Any
+def _spans(text: str, forms: Sequence[re.Pattern[str]],
+           fields: Callable[[re.Match[str]], DateMention | None]
            ) -> list[tuple[int, int, DateMention]]:
     """Non-overlapping matches of ``forms`` (earlier forms win), as mentions, in text order."""
     found: list[tuple[int, int, DateMention]] = []
