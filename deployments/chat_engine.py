@@ -31,7 +31,8 @@ from toolspec.engine import Engine, GenerationParams, StepEvent
 from toolspec.formats import CallFormat
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
-from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name, load_model
+from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
+                             load_model)
 from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
@@ -88,6 +89,7 @@ class ToolSpecChatEngine:
         self.grammars = GrammarCompiler(
             self.loaded.tokenizer, self.loaded.model.get_output_embeddings().weight.shape[0],
             self.engine.stop_token_ids)
+        freeze_loaded_objects()
 
     def describe(self) -> str:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"

@@ -12,7 +12,8 @@ from toolspec.drafters.adjacency import (
 )
 from toolspec.drafters.best_first import best_first_tree
 from toolspec.drafters.suffix_automaton import Match, SuffixAutomaton
-from toolspec.drafters.suffix_trie import SuffixStream, SuffixTrie
+from toolspec.drafters.suffix_positions import SuffixPositions
+from toolspec.drafters.suffix_trie import SuffixTrie
 
 
 def occurs(pattern: list[int], text: list[int]) -> bool:
@@ -99,24 +100,19 @@ def test_suffix_trie_counts_on_a_toy_sequence() -> None:
     trie.add([1, 2, 1, 2])
     assert trie.counts() == {(1,): 2, (2,): 2, (1, 2): 2, (2, 1): 1, (1, 2, 1): 1, (2, 1, 2): 1}
     assert trie.root.count == 4
-    assert trie.longest_suffix([7, 2, 1, 2]) == 3
-    assert trie.longest_suffix([2, 2]) == 1
-    assert trie.longest_suffix([5]) == 0
+    assert len(trie.suffix_nodes([7, 2, 1, 2])) == 3
+    assert len(trie.suffix_nodes([2, 2])) == 1
+    assert trie.suffix_nodes([5]) == []
 
 
-def test_streamed_suffix_trie_equals_the_batch_one_and_removal_undoes_addition() -> None:
+def test_removal_undoes_addition() -> None:
     rng = random.Random(3)
     for depth in (1, 2, 5):
         texts = [random_text(rng, rng.randint(0, 20)) for _ in range(4)]
-        batch, streamed = SuffixTrie(depth), SuffixTrie(depth)
+        batch, without_first = SuffixTrie(depth), SuffixTrie(depth)
         for text in texts:
             batch.add(text)
-            stream = SuffixStream(streamed)
-            for token in text:
-                stream.append(token)
-        assert streamed.counts() == batch.counts()
-        assert streamed.root.count == batch.root.count == sum(map(len, texts))
-        without_first = SuffixTrie(depth)
+        assert batch.root.count == sum(map(len, texts))
         for text in texts[1:]:
             without_first.add(text)
         batch.remove(texts[0])
@@ -124,6 +120,35 @@ def test_streamed_suffix_trie_equals_the_batch_one_and_removal_undoes_addition()
         for text in texts[1:]:
             batch.remove(text)
         assert batch.counts() == {} and batch.root.count == 0
+
+
+def _subtree(index, node, levels: int) -> list:  # noqa: ANN001 - either index type
+    """(token, probability, count, has children, children...) below ``node``, in offer order."""
+    if levels == 0:
+        return []
+    return [(token, probability, child.count, index.has_children(child),
+             _subtree(index, child, levels - 1))
+            for token, probability, child in index.candidates(node)]
+
+
+def test_suffix_positions_answer_like_the_trie_of_the_same_sequence() -> None:
+    rng = random.Random(5)
+    for depth in (1, 2, 4, 24):
+        for length in (1, 2, 7, 40):
+            sequence = [rng.randrange(4) for _ in range(length)]
+            trie, positions = SuffixTrie(depth), SuffixPositions(depth)
+            trie.add(sequence)
+            cut = rng.randrange(length + 1)  # grown in two pieces, as prompt and then output
+            positions.extend(sequence[:cut])
+            positions.extend(sequence[cut:])
+            contexts = [sequence, sequence[: length // 2], [rng.randrange(5) for _ in range(6)], []]
+            for context in contexts:
+                from_trie, from_positions = trie.suffix_nodes(context), positions.suffix_nodes(context)
+                assert len(from_trie) == len(from_positions)
+                for trie_node, positions_node in zip(from_trie, from_positions):
+                    assert trie_node.count == positions_node.count
+                    assert trie.has_children(trie_node) == positions.has_children(positions_node)
+                    assert _subtree(trie, trie_node, 3) == _subtree(positions, positions_node, 3)
 
 
 # ---- adjacency matrix and the static tree ------------------------------------------------------

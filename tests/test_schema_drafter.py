@@ -15,6 +15,7 @@ from toolspec.drafters.schema import SchemaDrafter
 from toolspec.formats import CallState, ToolCall, get_format
 from toolspec.models import load_tokenizer
 from toolspec.sim import reference_targets, simulate
+from toolspec.token_continuation import TokenContinuer
 from toolspec.budget import FixedBudget
 from toolspec.tools import ToolSet
 
@@ -201,3 +202,21 @@ def test_sources_cannot_crowd_the_fallback_out(qwen_tokenizer) -> None:
     assert from_chain == [11, 12, 13, 14]
     assert sum(source != "chain" for source in tree.sources) == 4  # the schema's full share
     assert tree.max_depth() <= 4
+
+
+def test_texts_tokenized_together_equal_each_tokenized_alone(qwen_tokenizer) -> None:
+    """``continue_many`` is ``continue_ids`` per text: the boundary merges (``"`` + ``name``
+    → ``{"``), shrunken windows and the cache give every text the ids of the whole string."""
+    tokenizer = qwen_tokenizer
+    committed = tokenizer.encode('<tool_call>\n{"name": "Query', add_special_tokens=False)
+    texts = ['Stock", "parameters": {"', 'Balance"}', "Stock", "", " x<|im_end|>", "Stock"]
+    together = TokenContinuer(tokenizer).continue_many(committed, texts)
+    alone = [TokenContinuer(tokenizer).continue_ids(committed, text) for text in texts]
+    assert together == alone
+    for text, continuation in zip(texts, together):
+        whole = tokenizer.encode(tokenizer.decode(committed) + text, add_special_tokens=False)
+        assert list(continuation.ids) == whole[len(committed):]
+        assert (continuation.ends[-1] if continuation.ends else 0) == len(text)
+    cached = TokenContinuer(tokenizer)
+    cached.continue_many(committed, texts[:2])
+    assert cached.continue_many(committed, texts) == together

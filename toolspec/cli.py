@@ -53,7 +53,7 @@ def _bench(args: argparse.Namespace) -> int:
                                     results_document, run_items, summarize, write_summary)
     from toolspec.datasets import load_dataset
     from toolspec.engine import GenerationParams
-    from toolspec.models import load_model
+    from toolspec.models import freeze_loaded_objects, load_model
 
     methods = parse_methods(args.methods)
     items = load_dataset(args.data, args.limit)
@@ -62,6 +62,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
     engines = build_engines(loaded, methods, args.budget)
+    freeze_loaded_objects()
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
     if finished:

@@ -10,8 +10,10 @@ end-of-sequence token), or outputs recorded by ``toolspec bench`` (``items.jsonl
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,11 +106,17 @@ class SimReport:
     accepted_by_source: Counter[str] = field(default_factory=Counter)
     nodes_verified: int = 0
     forward_cost: float = 0.0  # verification forwards, in units of one plain decoding step
+    drafting_s: float = 0.0  # wall time in the drafter and the budget (start to stop)
     per_item: list[ItemSim] = field(default_factory=list)
 
     @property
     def mat(self) -> float:
         return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def drafting_ms_per_step(self) -> float:
+        """Drafting time per verification step, request start and stop included (this CPU)."""
+        return 1000 * self.drafting_s / self.steps if self.steps else 0.0
 
     @property
     def estimated_speedup(self) -> float | None:
@@ -123,6 +131,7 @@ class SimReport:
             "tokens": self.emitted,
             "mat": self.mat,
             "mean_nodes_per_step": self.nodes_verified / self.steps if self.steps else 0.0,
+            "drafting_ms_per_step": self.drafting_ms_per_step,
             "estimated_speedup": self.estimated_speedup,
             "acceptance_by_state": {
                 state: {"tokens": count, "drafted": self.drafted_by_state[state],
@@ -136,6 +145,16 @@ class SimReport:
             },
             "per_item": [vars(item) for item in self.per_item],
         }
+
+
+@contextmanager
+def _drafting(report: SimReport) -> Iterator[None]:
+    """Adds the time spent inside the block to ``report.drafting_s``."""
+    clock = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.drafting_s += time.perf_counter() - clock
 
 
 def simulate(
@@ -162,14 +181,16 @@ def simulate(
             if target.request.call_format is not None else [CallState.TEXT] * len(output)
         steps_before, emitted_before = report.steps, report.emitted
         library_calls = library.stats().calls if library is not None else None
-        drafter.start(target.request)
-        drafter.observe(output[:1])
+        with _drafting(report):
+            drafter.start(target.request)
+            drafter.observe(output[:1])
         context = [*target.prompt_ids, output[0]]
         position = 1
         while position < len(output):
             # Like the engine, drafting is capped by the token limit, not by the (unknown) end.
             room = min(budget.max_nodes, max_new_tokens - position - 1)
-            tree = budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+            with _drafting(report):
+                tree = budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
             accepted: list[int] = []
             node = ROOT
             while position + len(accepted) < len(output):
@@ -178,7 +199,8 @@ def simulate(
                     break
                 accepted.append(child)
                 node = child
-            budget.observe(tree, accepted)
+            with _drafting(report):
+                budget.observe(tree, accepted)
             report.steps += 1
             report.nodes_verified += len(tree)
             if cost is not None:
@@ -193,9 +215,11 @@ def simulate(
                 report.tokens_by_state[states[position + offset].value] += 1
             report.emitted += emitted_count
             context.extend(emitted)
-            drafter.observe(emitted)
+            with _drafting(report):
+                drafter.observe(emitted)
             position += emitted_count
-        drafter.stop()
+        with _drafting(report):
+            drafter.stop()
         report.items += 1
         report.per_item.append(ItemSim(target.id, report.steps - steps_before,
                                        report.emitted - emitted_before, library_calls))
@@ -212,7 +236,8 @@ def format_report(report: SimReport) -> str:
     data = report.as_dict()
     speedup = report.estimated_speedup
     lines = [f"{data['items']} items, {data['tokens']} tokens, {data['steps']} steps: "
-             f"MAT {data['mat']:.2f}, {data['mean_nodes_per_step']:.1f} draft nodes per step"
+             f"MAT {data['mat']:.2f}, {data['mean_nodes_per_step']:.1f} draft nodes per step, "
+             f"drafting {data['drafting_ms_per_step']:.2f} ms per step"
              + (f", estimated decode speed-up {speedup:.2f}x" if speedup else ""), "",
              f"{'state':<16}{'tokens':>8}{'drafted':>9}{'share':>8}"]
     for state, row in data["acceptance_by_state"].items():

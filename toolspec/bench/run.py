@@ -57,6 +57,8 @@ class ItemResult:
     step_accepted: list[int] | None = None  # draft tokens accepted by each verification step
     tokens_by_state: dict[str, int] | None = None  # decode tokens written in each call state
     drafted_by_state: dict[str, int] | None = None  # ... of which accepted from a draft
+    draft_s: float | None = None  # time in the drafter and budget, summed over the steps
+    verify_s: float | None = None  # time in verification forwards, summed over the steps
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -96,6 +98,8 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
         step_accepted=[step.accepted for step in generation.steps],
         tokens_by_state=by_state,
         drafted_by_state=drafted,
+        draft_s=sum(step.draft_s for step in generation.steps),
+        verify_s=sum(step.verify_s for step in generation.steps),
     )
 
 
@@ -195,6 +199,8 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
             "acceptance_by_state": acceptance_by_state(
                 (r.tokens_by_state, r.drafted_by_state or {}) for r in rows
                 if r.tokens_by_state is not None),
+            "draft_ms_per_step": _per_step_ms(rows, "draft_s"),
+            "verify_ms_per_step": _per_step_ms(rows, "verify_s"),
         }
     reference = summary[BASELINE]
     for entry in summary.values():
@@ -205,6 +211,13 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
             entry["oracle_fraction"] = _ratio(entry["decode_speedup"],
                                               summary[ORACLE]["decode_speedup"])
     return summary
+
+
+def _per_step_ms(rows: Sequence[ItemResult], field: str) -> float | None:
+    """Mean milliseconds per step of a step timing (None where no row recorded it)."""
+    timed = [(getattr(r, field), r.steps) for r in rows if getattr(r, field) is not None]
+    steps = sum(count for _, count in timed)
+    return 1000 * sum(seconds for seconds, _ in timed) / steps if steps else None
 
 
 def _mean(flags: Iterable[bool | None]) -> float | None:
@@ -298,6 +311,10 @@ def _cell(value: float | None) -> str:
     return f"{value:.0%}" if value is not None else "–"
 
 
+def _milliseconds(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "–"
+
+
 def _kernels(document: Mapping[str, Any]) -> str:
     rows = document.get("packed_rows")
     return f", linear weights packed for {'/'.join(map(str, rows))} rows" if rows else ""
@@ -310,13 +327,15 @@ def format_markdown(document: Mapping[str, Any]) -> str:
              f"{_kernels(document)}; "
              f"{document['machine']}", "",
              "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
-             "| call accuracy | format adherence | of oracle |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| call accuracy | format adherence | of oracle | draft ms / step | verify ms / step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, m in document["methods"].items():
         lines.append(f"| {method} | {m['decode_tokens_per_s']:.2f} | {m['e2e_tokens_per_s']:.2f} | "
                      f"{m['mat']:.2f} | {m['decode_speedup']:.2f} | {m['e2e_speedup']:.2f} | "
                      f"{m['identical_to_ar']:.0%} | {_cell(m.get('call_accuracy'))} | "
-                     f"{_cell(m.get('format_adherence'))} | {_cell(m.get('oracle_fraction'))} |")
+                     f"{_cell(m.get('format_adherence'))} | {_cell(m.get('oracle_fraction'))} | "
+                     f"{_milliseconds(m.get('draft_ms_per_step'))} | "
+                     f"{_milliseconds(m.get('verify_ms_per_step'))} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """SuffixDecoding (Oliaro et al., 2024; ArcticInference, vLLM ``suffix``): frequency-scored trees.
 
 Two suffix tries count what followed what: a global one over the outputs of earlier requests (a
-bounded FIFO cache) and one over the current request (prompt + output, grown as it decodes).
+bounded FIFO cache) and one over the current request (prompt + output, grown as it decodes; read
+from token positions, ``SuffixPositions``, so starting a request builds no nodes).
 For each suffix of the context found in a trie (its *match*), a draft tree is grown below the
 match node best-first by empirical probability (child count / parent count, multiplied along the
 path), at most ``max_spec_factor * match + max_spec_offset`` nodes and none below
@@ -12,11 +13,25 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest
 from toolspec.drafters.best_first import Candidate, ScoredTree, best_first_tree
-from toolspec.drafters.suffix_trie import SuffixStream, SuffixTrie, TrieNode
+from toolspec.drafters.suffix_positions import SuffixPositions
+from toolspec.drafters.suffix_trie import SuffixTrie
+
+Node = TypeVar("Node")
+
+
+class SuffixCounts(Protocol[Node]):
+    """What drafting reads from a suffix trie: ``SuffixTrie`` and ``SuffixPositions`` both."""
+
+    def suffix_nodes(self, context: Sequence[int]) -> list[Node]: ...
+
+    def has_children(self, node: Node) -> bool: ...
+
+    def candidates(self, node: Node) -> Iterable[Candidate[Node]]: ...
 
 
 class SuffixOutputCache:
@@ -74,8 +89,7 @@ class SuffixDecodingDrafter:
         if cache is None:
             cache = SuffixOutputCache(max_depth, max_cached_requests)
         self.cache = cache
-        self._request_trie = SuffixTrie(self.cache.trie.max_depth)
-        self._stream = SuffixStream(self._request_trie)
+        self._request = SuffixPositions(self.cache.trie.max_depth)
         self._output: list[int] = []
 
     @property
@@ -83,28 +97,28 @@ class SuffixDecodingDrafter:
         return self.cache.trie
 
     def start(self, request: DraftRequest) -> None:
-        self._request_trie = SuffixTrie(self.global_trie.max_depth)
-        self._stream = SuffixStream(self._request_trie)
-        self._stream.extend(request.prompt_ids)
+        self._request = SuffixPositions(self.global_trie.max_depth)
+        self._request.extend(request.prompt_ids)
         self._output = []
-
-    @staticmethod
-    def _children(node: TrieNode) -> Iterable[Candidate[TrieNode]]:
-        for token, child in node.children.items():
-            yield token, child.count / node.count, child
 
     def best_tree(self, context: Sequence[int], budget: int) -> ScoredTree | None:
         """The highest-scoring draft over both tries and every match length, or None."""
         best: ScoredTree | None = None
-        for trie in (self._request_trie, self.global_trie):
-            for matched in range(trie.longest_suffix(context), 0, -1):
-                size = min(budget, int(self.max_spec_factor * matched + self.max_spec_offset))
-                node = trie.find(context[len(context) - matched :])
-                if size <= 0 or node is None or not node.children:
-                    continue
-                scored = best_first_tree(self._children, node, size, self.name, self.min_token_prob)
-                if best is None or scored.expected_accepted > best.expected_accepted:
-                    best = scored
+        for index in (self._request, self.global_trie):
+            best = self._best_match(index, context, budget, best)
+        return best
+
+    def _best_match(self, index: SuffixCounts[Node], context: Sequence[int], budget: int,
+                    best: ScoredTree | None) -> ScoredTree | None:
+        nodes = index.suffix_nodes(context)
+        for matched in range(len(nodes), 0, -1):
+            size = min(budget, int(self.max_spec_factor * matched + self.max_spec_offset))
+            node = nodes[matched - 1]
+            if size <= 0 or not index.has_children(node):
+                continue
+            scored = best_first_tree(index.candidates, node, size, self.name, self.min_token_prob)
+            if best is None or scored.expected_accepted > best.expected_accepted:
+                best = scored
         return best
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
@@ -112,12 +126,11 @@ class SuffixDecodingDrafter:
         return best.tree if best is not None else DraftTree()
 
     def observe(self, emitted: Sequence[int]) -> None:
-        self._stream.extend(emitted)
+        self._request.extend(emitted)
         self._output.extend(emitted)
 
     def stop(self) -> None:
         if self.learn:
             self.cache.add(self._output)
         self._output = []
-        self._request_trie = SuffixTrie(self.global_trie.max_depth)
-        self._stream = SuffixStream(self._request_trie)
+        self._request = SuffixPositions(self.global_trie.max_depth)

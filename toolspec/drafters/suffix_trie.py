@@ -3,13 +3,16 @@
 Every substring of at most ``max_depth`` tokens of the sequences added is a path from the root;
 a node's count is the number of positions where its path occurs. The count of a child over its
 parent's is the empirical probability that the path continues with the child's token — what
-SuffixDecoding drafts from. Sequences can be added whole (``add``), removed again (``remove``, for
-a bounded cache), or grown token by token (``SuffixStream``); all three keep the same counts.
+SuffixDecoding drafts from. Sequences are added whole (``add``) and removed again (``remove``, for
+a bounded cache). One growing sequence is better served by ``SuffixPositions``, which answers the
+same queries without building nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+
+from toolspec.drafters.best_first import Candidate
 
 
 class TrieNode:
@@ -30,8 +33,8 @@ class TrieNode:
 
 
 class SuffixTrie:
-    """Counts of every substring of up to ``max_depth`` tokens. Mutates: ``add``, ``remove``
-    and the ``SuffixStream``s opened on it; ``root.count`` is the number of positions."""
+    """Counts of every substring of up to ``max_depth`` tokens. Mutates: ``add`` and ``remove``;
+    ``root.count`` is the number of positions."""
 
     def __init__(self, max_depth: int) -> None:
         if max_depth < 1:
@@ -76,18 +79,25 @@ class SuffixTrie:
             node = child
         return node
 
-    def longest_suffix(self, tokens: Sequence[int]) -> int:
-        """Length of the longest suffix of ``tokens`` that occurs (at most ``max_depth``)."""
-        # Every substring of an occurring path occurs too, so the lengths that match form a
-        # prefix of 0, 1, 2, ...: binary search.
-        low, high = 0, min(len(tokens), self.max_depth)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self.find(tokens[len(tokens) - middle :]) is not None:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+    def suffix_nodes(self, context: Sequence[int]) -> list[TrieNode]:
+        """The nodes of ``context``'s suffixes that occur: entry i is the suffix of i + 1 tokens."""
+        nodes: list[TrieNode] = []
+        for length in range(1, min(len(context), self.max_depth) + 1):
+            node = self.find(context[len(context) - length:])
+            if node is None:
+                break
+            nodes.append(node)
+        return nodes
+
+    @staticmethod
+    def has_children(node: TrieNode) -> bool:
+        return bool(node.children)
+
+    @staticmethod
+    def candidates(node: TrieNode) -> Iterator[Candidate[TrieNode]]:
+        """Each token seen after ``node``, its share of ``node``'s occurrences, and its node."""
+        for token, child in node.children.items():
+            yield token, child.count / node.count, child
 
     def counts(self) -> dict[tuple[int, ...], int]:
         """Every path with its count (for inspection and tests)."""
@@ -98,29 +108,3 @@ class SuffixTrie:
             extended = (*path, token)
             yield extended, child.count
             yield from self._paths(child, extended)
-
-
-class SuffixStream:
-    """Grows one sequence in a ``SuffixTrie`` token by token, counting exactly like ``add``.
-
-    Mutates: the trie (each ``append``) and the stream's open suffixes.
-    """
-
-    def __init__(self, trie: SuffixTrie) -> None:
-        self.trie = trie
-        self._open: list[tuple[TrieNode, int]] = []  # suffixes still shorter than max_depth
-
-    def append(self, token: int) -> None:
-        """Extend every open suffix and start a new one with ``token``."""
-        self.trie.root.count += 1
-        still_open: list[tuple[TrieNode, int]] = []
-        for node, depth in [*self._open, (self.trie.root, 0)]:
-            child = node.child_or_new(token)
-            child.count += 1
-            if depth + 1 < self.trie.max_depth:
-                still_open.append((child, depth + 1))
-        self._open = still_open
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            self.append(token)

@@ -21,7 +21,7 @@ from toolspec.drafters.call_grammar import CLOSE, Segment, TextDraft
 from toolspec.drafters.style import StyleMemory
 from toolspec.formats import CallFormat, CallScanner, JsonStyle
 from toolspec.logit_feedback import logits_observer
-from toolspec.token_continuation import TokenContinuer
+from toolspec.token_continuation import TokenContinuer, TokenizedContinuation
 
 
 class OutputTracker:
@@ -156,7 +156,9 @@ class ToolCallDrafter:
         trie (no path deeper than ``budget``). The engine's draft budget picks what is verified
         by calibrated acceptance, so sources offering many unlikely candidates (every way to end
         a string value, say) cannot crowd out the fallback's likely ones (the value's rest)."""
-        weighted = [w for w in (self._tokens(d, context) for d in self.text_drafts()) if w]
+        drafts = self.text_drafts()
+        tokenized = self.continuer.continue_many(context, [draft.text for draft in drafts])
+        weighted = [w for w in map(self._weighted, drafts, tokenized) if w]
         tree = DraftTree.from_weighted(weighted, budget)
         if self.fallback is not None:
             tree = tree.merge(self.fallback.propose(context, budget), len(tree) + budget)
@@ -189,9 +191,8 @@ class ToolCallDrafter:
         drafts.sort(key=lambda d: -d.probability)
         return drafts[: self.max_candidates]
 
-    def _tokens(self, draft: TextDraft, context: Sequence[int]) -> WeightedDraft | None:
-        """Token ids of ``draft`` in context, each with its source and reach probability."""
-        tokenized = self.continuer.continue_ids(context, draft.text)
+    def _weighted(self, draft: TextDraft, tokenized: TokenizedContinuation) -> WeightedDraft | None:
+        """``draft``'s token ids (``tokenized``), each with its source and reach probability."""
         boundaries: list[tuple[int, float, str]] = []
         offset, reach = 0, 1.0
         for segment in draft.segments:
