@@ -59,14 +59,12 @@ class TokenContinuer:
                 self._cache.move_to_end((tail, text))
             results.append(cached)
         pending = sorted({text for text, result in zip(texts, results) if result is None})
-        if pending:
-            fresh = self._tokenize(tail, pending)
-            for text in pending:
-                self._cache[(tail, text)] = fresh[text]
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-            results = [result or fresh[text] for text, result in zip(texts, results)]
-        return results  # type: ignore[return-value]  # every None was filled
+        fresh = self._tokenize(tail, pending) if pending else {}
+        for text, continuation in fresh.items():
+            self._cache[(tail, text)] = continuation
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return [result if result is not None else fresh[text] for text, result in zip(texts, results)]
 
     def _tokenize(self, tail: tuple[int, ...], texts: Sequence[str]
                   ) -> dict[str, TokenizedContinuation]:
