@@ -200,7 +200,7 @@ def _sim(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import METHODS, MethodSetup, parse_methods
     from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
     from toolspec.datasets import load_dataset
-    from toolspec.models import load_tokenizer
+    from toolspec.models import freeze_loaded_objects, load_tokenizer
     from toolspec.sim import format_report, recorded_targets, reference_targets, simulate
 
     method = {"schema": "toolspec-schema"}.get(args.drafter, args.drafter)
@@ -214,6 +214,7 @@ def _sim(args: argparse.Namespace) -> int:
     budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
     with _library(args, [method]) as library:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
+        freeze_loaded_objects()  # as bench and serving do: drafting times without old objects' GC
         report = simulate(drafter, targets, budget, tokenizer, cost, library=library,
                           tenant=args.tenant)
     print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "

@@ -9,7 +9,8 @@ Method (token healing for drafts): re-tokenize the last few committed tokens tog
 drafted text. If the tokenizer reproduces those committed tokens, the tokens after them are the
 draft. If it does not (the boundary would merge differently, e.g. the model emitted a
 non-canonical split), shrink the window from the left until it does; with no committed tokens
-left, the text is tokenized alone. Results are cached by (window, text).
+left, the text is tokenized alone. Results are cached by (window, text); the texts drafted after
+one window are tokenized together, in one call of the Rust tokenizer per window size.
 """
 
 from __future__ import annotations
