@@ -143,7 +143,8 @@ def test_suffix_positions_answer_like_the_trie_of_the_same_sequence() -> None:
             positions.extend(sequence[cut:])
             contexts = [sequence, sequence[: length // 2], [rng.randrange(5) for _ in range(6)], []]
             for context in contexts:
-                from_trie, from_positions = trie.suffix_nodes(context), positions.suffix_nodes(context)
+                from_trie = trie.suffix_nodes(context)
+                from_positions = positions.suffix_nodes(context)
                 assert len(from_trie) == len(from_positions)
                 for trie_node, positions_node in zip(from_trie, from_positions):
                     assert trie_node.count == positions_node.count

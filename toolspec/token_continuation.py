@@ -65,7 +65,8 @@ class TokenContinuer:
             self._cache[(tail, text)] = continuation
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return [result if result is not None else fresh[text] for text, result in zip(texts, results)]
+        return [result if result is not None else fresh[text]
+                for text, result in zip(texts, results)]
 
     def _tokenize(self, tail: tuple[int, ...], texts: Sequence[str]
                   ) -> dict[str, TokenizedContinuation]:

@@ -327,7 +327,8 @@ def format_markdown(document: Mapping[str, Any]) -> str:
              f"{_kernels(document)}; "
              f"{document['machine']}", "",
              "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
-             "| call accuracy | format adherence | of oracle | draft ms / step | verify ms / step |",
+             "| call accuracy | format adherence | of oracle | draft ms / step "
+             "| verify ms / step |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, m in document["methods"].items():
         lines.append(f"| {method} | {m['decode_tokens_per_s']:.2f} | {m['e2e_tokens_per_s']:.2f} | "

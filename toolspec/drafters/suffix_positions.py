@@ -62,7 +62,8 @@ class SuffixPositions:
         for depth in range(1, min(len(context), self.max_depth) + 1):
             if depth > 1:
                 wanted = context[-depth]
-                ends = [end for end in ends if end >= depth - 1 and tokens[end - depth + 1] == wanted]
+                ends = [end for end in ends
+                        if end >= depth - 1 and tokens[end - depth + 1] == wanted]
             if not ends:
                 break
             nodes.append(Occurrences(depth, tuple(ends)))
