@@ -95,3 +95,29 @@ def test_calibration_tells_a_source_apart_by_what_it_follows() -> None:
         calibration.observe(after_guess, accepted=[0])
     assert calibration.probabilities(after_value)[1] > 0.9
     assert calibration.probabilities(after_guess)[1] < 0.05
+
+
+def test_cost_curve_times_every_size_once_per_round() -> None:
+    """Sizes are timed in interleaved rounds, so a burst of load from elsewhere on a shared
+    machine falls on one sample of many sizes, not on every sample of one; the cache is left
+    as the prefix after each forward."""
+    from helpers import tiny_model
+    from toolspec.cost_curve import measure_cost_curve
+    from toolspec.target_model import TargetModel
+
+    class RecordingModel(TargetModel):
+        def __init__(self) -> None:
+            super().__init__(tiny_model("qwen2", vocab_size=256))
+            self.rows: list[int] = []
+            self.cache_lengths: list[int] = []
+
+        def forward_tree(self, cache, root_token, tree):  # type: ignore[no-untyped-def]
+            self.rows.append(len(tree) + 1)
+            self.cache_lengths.append(cache.get_seq_length())
+            return super().forward_tree(cache, root_token, tree)
+
+    model = RecordingModel()
+    timings = measure_cost_curve(model, prefix_length=8, sizes=(1, 4, 2), repeats=2)
+    assert model.rows == [1, 4, 2] * 3  # a warm-up round, then two timed ones
+    assert set(model.cache_lengths) == {8}
+    assert sorted(timings) == [1, 2, 4] and all(t > 0 for t in timings.values())

@@ -33,23 +33,28 @@ def measure_cost_curve(
     repeats: int = 5,
     seed: int = 0,
 ) -> dict[int, float]:
-    """Median seconds of one verification forward over k tokens (root + k-1 draft nodes)."""
+    """Median seconds of one verification forward over k tokens (root + k-1 draft nodes).
+
+    The sizes are timed in interleaved rounds (every size once per round), so a burst of
+    load from elsewhere on a shared machine lands on one sample of many sizes rather than on
+    every sample of one size; a first round warms the kernels up and is not counted.
+    """
     generator = torch.Generator().manual_seed(seed)
     prefix = torch.randint(100, model.vocab_size - 100, (prefix_length,), generator=generator)
     cache = model.new_cache()
     model.prefill(cache, prefix.tolist())
-    timings: dict[int, float] = {}
-    for size in sizes:
-        chain = torch.randint(100, model.vocab_size - 100, (size,), generator=generator).tolist()
-        tree = DraftTree.from_sequences([(chain[1:], "cost")])
-        samples = []
-        for _ in range(repeats + 1):  # the first run of each size warms kernels up
+    chains = {size: torch.randint(100, model.vocab_size - 100, (size,),
+                                  generator=generator).tolist() for size in sizes}
+    trees = {size: DraftTree.from_sequences([(chain[1:], "cost")])
+             for size, chain in chains.items()}
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(repeats + 1):
+        for size in sizes:
             started = time.perf_counter()
-            model.forward_tree(cache, chain[0], tree)
-            samples.append(time.perf_counter() - started)
+            model.forward_tree(cache, chains[size][0], trees[size])
+            samples[size].append(time.perf_counter() - started)
             commit_path(cache, prefix_length, [])
-        timings[size] = statistics.median(samples[1:])
-    return timings
+    return {size: statistics.median(times[1:]) for size, times in samples.items()}
 
 
 def format_cost_curve(timings: dict[int, float]) -> str:
@@ -59,7 +64,7 @@ def format_cost_curve(timings: dict[int, float]) -> str:
     return "\n".join(lines)
 
 
-# Enough sizes to place the regime changes; fewer repeats than the benchmark command.
+# Enough sizes to place the regime changes, up to the largest tree the budget verifies.
 STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -77,7 +82,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
     if path.is_file() and not refresh:
         return CostModel.load(path)
-    timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=3)
+    timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=5)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))
     return CostModel.from_timings(timings)
