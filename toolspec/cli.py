@@ -147,11 +147,14 @@ def _report(args: argparse.Namespace) -> int:
     if not args.no_run:
         for dataset in config.datasets:
             print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items")
-            code = _bench(argparse.Namespace(
-                model=config.model, dtype=config.dtype, data=dataset.data, limit=dataset.limit,
-                methods=config.methods, budget=_budget(config.budget),
-                max_new_tokens=config.max_new_tokens, out=config.out / dataset.name,
-                format=None, library=None, seed_library=None, tenant="default", plot=False))
+            # Parsed like a typed command, so every other option takes its bench default.
+            argv = ["bench", "--model", config.model, "--dtype", config.dtype,
+                    "--data", dataset.data, "--methods", config.methods,
+                    "--budget", config.budget, "--max-new-tokens", str(config.max_new_tokens),
+                    "--packed-rows", config.packed_rows, "--out", str(config.out / dataset.name)]
+            if dataset.limit is not None:
+                argv += ["--limit", str(dataset.limit)]
+            code = _bench(build_parser().parse_args(argv))
             if code:
                 return code
     try:

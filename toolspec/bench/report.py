@@ -18,6 +18,7 @@ from typing import Any
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.analysis import Run, step_accepted, tool_history
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
@@ -50,6 +51,7 @@ class ReportConfig:
     max_new_tokens: int = 192
     out: Path = Path("results/report")
     docs: Path = Path("docs")
+    packed_rows: str = ",".join(map(str, DEFAULT_PACKED_ROWS))  # as ``--packed-rows`` takes it
 
     def limited(self, limit: int | None) -> ReportConfig:
         """Every data set capped at ``limit`` items (None: as configured)."""
@@ -79,9 +81,11 @@ def load_config(path: Path) -> ReportConfig:
     if len(set(names)) != len(names):
         raise ReportConfigError(f"{path}: data set names must be unique: {names}")
     base = Path(path).parent
+    packed = raw.get("packed_rows", list(DEFAULT_PACKED_ROWS))
     return ReportConfig(datasets, methods, model, str(raw.get("dtype", "auto")),
                         str(raw.get("budget", "auto")), int(raw.get("max_new_tokens", 192)),
-                        Path(raw.get("out", "results/report")), Path(raw.get("docs", base)))
+                        Path(raw.get("out", "results/report")), Path(raw.get("docs", base)),
+                        ",".join(map(str, packed)) if isinstance(packed, list) else str(packed))
 
 
 def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:
