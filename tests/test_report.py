@@ -236,6 +236,12 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     assert (tmp_path / "png" / "x_first_steps.png").is_file()
     assert main(["bench", "plot", str(tmp_path), "--out", str(tmp_path / "png")]) == 2
     assert "needs results.json" in capsys.readouterr().err
+    assert loaded.packed_rows == "8,16"
+    config.write_text(config.read_text().replace('model = "toy"', 'model = "toy"\npacked_rows = []'))
+    assert load_config(config).packed_rows == "none"
+    config.write_text(config.read_text().replace("packed_rows = []", 'packed_rows = ["x"]'))
+    with pytest.raises(ReportConfigError, match="packed_rows"):
+        load_config(config)
     config.write_text('methods = "ar"\n')
     with pytest.raises(ReportConfigError, match="missing"):
         load_config(config)

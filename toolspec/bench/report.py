@@ -18,10 +18,10 @@ from typing import Any
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.analysis import Run, step_accepted, tool_history
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 from toolspec.bench.states import acceptance_by_state
 
 BASELINES = ("pld", "samd", "recycling", "suffix")
@@ -81,11 +81,21 @@ def load_config(path: Path) -> ReportConfig:
     if len(set(names)) != len(names):
         raise ReportConfigError(f"{path}: data set names must be unique: {names}")
     base = Path(path).parent
-    packed = raw.get("packed_rows", list(DEFAULT_PACKED_ROWS))
     return ReportConfig(datasets, methods, model, str(raw.get("dtype", "auto")),
                         str(raw.get("budget", "auto")), int(raw.get("max_new_tokens", 192)),
                         Path(raw.get("out", "results/report")), Path(raw.get("docs", base)),
-                        ",".join(map(str, packed)) if isinstance(packed, list) else str(packed))
+                        _packed_rows(path, raw.get("packed_rows", list(DEFAULT_PACKED_ROWS))))
+
+
+def _packed_rows(path: Path, value: Any) -> str:
+    """The config's ``packed_rows`` (a list of row counts, or "none") as ``--packed-rows``."""
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    if text in ("", "none"):
+        return "none"
+    if not all(part.strip().isdigit() for part in text.split(",")):
+        raise ReportConfigError(f'{path}: packed_rows must be a list of row counts or "none", '
+                                f"got {value!r}")
+    return text
 
 
 def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:
