@@ -239,9 +239,11 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     assert loaded.packed_rows == "8,16"
     config.write_text(config.read_text().replace('model = "toy"', 'model = "toy"\npacked_rows = []'))
     assert load_config(config).packed_rows == "none"
-    config.write_text(config.read_text().replace("packed_rows = []", 'packed_rows = ["x"]'))
-    with pytest.raises(ReportConfigError, match="packed_rows"):
-        load_config(config)
+    for bad in ('["x"]', "[2]", '"8,16"'):  # not a count; a stock-kernel size; not a list
+        config.write_text(config.read_text().replace("packed_rows = []", f"packed_rows = {bad}"))
+        with pytest.raises(ReportConfigError, match="packed_rows"):
+            load_config(config)
+        config.write_text(config.read_text().replace(f"packed_rows = {bad}", "packed_rows = []"))
     config.write_text('methods = "ar"\n')
     with pytest.raises(ReportConfigError, match="missing"):
         load_config(config)

@@ -21,8 +21,8 @@ from toolspec.bench.analysis import Run, step_accepted, tool_history
 from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 from toolspec.bench.states import acceptance_by_state
+from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 
 BASELINES = ("pld", "samd", "recycling", "suffix")
 FULL_METHOD = "toolspec"
@@ -88,14 +88,16 @@ def load_config(path: Path) -> ReportConfig:
 
 
 def _packed_rows(path: Path, value: Any) -> str:
-    """The config's ``packed_rows`` (a list of row counts, or "none") as ``--packed-rows``."""
-    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    if text in ("", "none"):
+    """The config's ``packed_rows`` (a list of row counts, or "none") as ``--packed-rows``
+    takes it, checked as the command line checks it."""
+    if value in ("none", []):
         return "none"
-    if not all(part.strip().isdigit() for part in text.split(",")):
-        raise ReportConfigError(f'{path}: packed_rows must be a list of row counts or "none", '
-                                f"got {value!r}")
-    return text
+    try:
+        rows = normalize_packed_rows([int(count) for count in value])
+    except (TypeError, ValueError) as error:
+        raise ReportConfigError(f'{path}: packed_rows must be a list of row counts like [8, 16] '
+                                f'or "none", got {value!r} ({error})') from None
+    return ",".join(map(str, rows))
 
 
 def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:
