@@ -85,6 +85,32 @@ def test_weighted_candidates_sum_mass_and_keep_the_heaviest_nodes() -> None:
     assert pruned.tokens == (1, 2, 3) and pruned.parents == (ROOT, 0, 1)
 
 
+def test_candidates_sharing_a_choice_chain_count_once_in_its_mass() -> None:
+    """Two values after one parameter name both pass through that name: one event there, so
+    the name's mass is its own probability and each value's prior is its share of it."""
+    from toolspec.draft_tree import WeightedDraft
+
+    name, value_a, value_b = hash("name"), hash("a"), hash("b")
+    bare = WeightedDraft((1, 2), ("s", "s"), (1.0, 1.0), (name, name))
+    a = WeightedDraft((1, 2, 3), ("s", "s", "s"), (1.0, 1.0, 0.5), (name, name, value_a))
+    b = WeightedDraft((1, 2, 4), ("s", "s", "s"), (1.0, 1.0, 0.25), (name, name, value_b))
+    tree = DraftTree.from_weighted([bare, a, b])
+    assert tree.priors == pytest.approx((1.0, 1.0, 0.5, 0.25))
+    # Without choice chains every candidate is its own event: the name's mass triples.
+    plain = DraftTree.from_weighted([WeightedDraft(d.tokens, d.sources, d.reach) for d in (bare, a, b)])
+    assert plain.priors[2] == pytest.approx(0.5 / 3)
+
+
+def test_an_option_never_outweighs_its_parent() -> None:
+    """Shares past 1 (two chains through one child) are capped, keeping pruned trees connected."""
+    from toolspec.draft_tree import WeightedDraft
+
+    a = WeightedDraft((1, 2), ("s", "s"), (0.5, 0.5), (1, 2))
+    b = WeightedDraft((1, 2, 3), ("s", "s", "s"), (0.5, 0.5, 0.5), (1, 3, 4))
+    tree = DraftTree.from_weighted([a, b], budget=2)
+    assert tree.tokens == (1, 2) and tree.priors == pytest.approx((0.5, 1.0))
+
+
 def test_subtree_requires_parents_and_remaps_them() -> None:
     tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([1, 4], "b")])
     assert tree.subtree([0, 3]).parents == (ROOT, 0)

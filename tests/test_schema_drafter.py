@@ -204,6 +204,39 @@ def test_sources_cannot_crowd_the_fallback_out(qwen_tokenizer) -> None:
     assert tree.max_depth() <= 4
 
 
+def test_a_lone_date_keeps_its_share_after_the_opening_quote(qwen_tokenizer) -> None:
+    """After ``"time": "`` the conversation's one date is the value with the grammar's date
+    share: the bare opening and the other values' branches share that quote with it and must
+    not dilute it (each counts once in the quote's mass)."""
+    from toolspec.drafters.base import DraftRequest
+    from toolspec.drafters.call_grammar import DATE, GrammarPriors
+
+    tools = ToolSet.from_functions([{"name": "AddAlarm", "parameters": {
+        "type": "object", "required": ["time"], "properties": {
+            "time": {"type": "string", "description": "Format: %Y-%m-%d %H:%M:%S"},
+            "note": {"type": "string"}}}}])
+    conversation = 'Wake me on March 20th, 2023 at 6:30AM. Call it "Gym" or "Run" or "Swim".'
+    drafter = SchemaDrafter(qwen_tokenizer, fallback=None)
+    prefix = qwen_tokenizer.encode('{"name": "AddAlarm", "arguments": {"time": "')
+    drafter.start(DraftRequest((1, 2), tools, get_format("json"), conversation))
+    drafter.observe(prefix)
+    tree = drafter.propose([1, 2, *prefix], 64)
+    (first_date_node,) = [node for node in range(len(tree)) if tree.sources[node] == DATE
+                          and tree.parents[node] == -1]
+    assert tree.priors[first_date_node] == pytest.approx(GrammarPriors().date_share, rel=0.05)
+    assert qwen_tokenizer.decode(_path_to_leaf(tree, first_date_node)).startswith(
+        "2023-03-20 06:30:00")
+
+
+def _path_to_leaf(tree, node: int) -> list[int]:
+    """Tokens from ``node`` down its likeliest children to a leaf."""
+    tokens = [tree.tokens[node]]
+    while children := [c for c in range(len(tree)) if tree.parents[c] == node]:
+        node = max(children, key=lambda c: tree.priors[c])
+        tokens.append(tree.tokens[node])
+    return tokens
+
+
 def test_texts_tokenized_together_equal_each_tokenized_alone(qwen_tokenizer) -> None:
     """``continue_many`` is ``continue_ids`` per text: the boundary merges (``"`` + ``name``
     → ``{"``), shrunken windows and the cache give every text the ids of the whole string."""

@@ -73,21 +73,33 @@ class DraftTree:
     ) -> DraftTree:
         """A trie of candidates whose tokens carry reach probabilities; the likeliest nodes kept.
 
-        A node's mass is the summed reach probability of the candidates through it; its prior is
-        its mass over its parent's. With a ``budget``, the ``budget`` heaviest nodes are kept —
-        always a connected tree, since mass never grows along a path.
+        A node's mass is the summed reach probability of the distinct events through it (a
+        candidate's choice chain at that token, see ``WeightedDraft.choices``); its prior is its
+        mass over its parent's. With a ``budget``, the ``budget`` heaviest nodes are kept —
+        always a connected tree, since a node's mass is capped at its parent's.
         """
         builder = _TrieBuilder()
         masses: list[float] = []
+        counted: list[set[int]] = []  # per node, the choice chains already in its mass
         for draft in candidates:
             node = ROOT
-            for token, source, reach in zip(draft.tokens, draft.sources, draft.reach):
+            choices = draft.choices or (None,) * len(draft.tokens)
+            for token, source, reach, choice in zip(draft.tokens, draft.sources, draft.reach,
+                                                    choices):
                 child = builder.find_or_add(token, node, source, None)
                 if child == len(masses):
                     masses.append(0.0)
-                masses[child] += reach
+                    counted.append(set())
+                if choice is None or choice not in counted[child]:
+                    masses[child] += reach
+                    if choice is not None:
+                        counted[child].add(choice)
                 node = child
         tree = builder.build()
+        # Options a drafter over-weights (shares summing past 1) may outweigh their parent.
+        for node, parent in enumerate(tree.parents):
+            if parent != ROOT:
+                masses[node] = min(masses[node], masses[parent])
         priors = tuple(
             min(1.0, mass / (1.0 if parent == ROOT else masses[parent])) if mass > 0 else 0.0
             for mass, parent in zip(masses, tree.parents)
@@ -207,6 +219,11 @@ class WeightedDraft:
     tokens: tuple[int, ...]
     sources: tuple[str, ...]
     reach: tuple[float, ...]
+    # Per token, which chain of the drafter's choices leads to it. Candidates that share a
+    # choice chain at a node are the same event there (two values after one parameter name
+    # both pass through that name) and count once in its mass. None: the candidate is an
+    # event of its own at every token.
+    choices: tuple[int, ...] | None = None
 
 
 class _TrieBuilder:

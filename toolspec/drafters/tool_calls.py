@@ -193,27 +193,31 @@ class ToolCallDrafter:
 
     def _weighted(self, draft: TextDraft, tokenized: TokenizedContinuation) -> WeightedDraft | None:
         """``draft``'s token ids (``tokenized``), each with its source and reach probability."""
-        boundaries: list[tuple[int, float, str]] = []
-        offset, reach = 0, 1.0
+        boundaries: list[tuple[int, float, str, int]] = []
+        offset, reach, chain = 0, 1.0, hash(())
         for segment in draft.segments:
             offset += len(segment.text)
             reach *= segment.prior
-            boundaries.append((offset, reach, segment.source))
-        ids, sources, reaches = [], [], []
+            chain = hash((chain, segment))  # drafts with the same segments so far: one event
+            boundaries.append((offset, reach, segment.source, chain))
+        ids, sources, reaches, choices = [], [], [], []
         index = 0
         for token, end in zip(tokenized.ids, tokenized.ends):
             while index < len(boundaries) - 1 and boundaries[index][0] < end:
                 index += 1
+            _, token_reach, source, token_chain = boundaries[index]
             ids.append(token)
-            reaches.append(boundaries[index][1])
-            sources.append(boundaries[index][2])
+            reaches.append(token_reach)
+            sources.append(source)
+            choices.append(token_chain)
         if draft.ends_output and self.eos_token_id is not None:
             ids.append(self.eos_token_id)
             reaches.append(reach)
             sources.append(CLOSE)
+            choices.append(hash((chain, CLOSE)))
         if not ids:
             return None
-        return WeightedDraft(tuple(ids), tuple(sources), tuple(reaches))
+        return WeightedDraft(tuple(ids), tuple(sources), tuple(reaches), tuple(choices))
 
 
 def _scaled(draft: TextDraft, factor: float) -> TextDraft:
