@@ -85,15 +85,11 @@ class StreamEnd:
 
     finish_reason: Literal["stop", "length"]
     completion_tokens: int
-    steps: int
+    steps: int  # verification forwards: the steps, and the prefill's when it carried a tree
     accepted_by_source: Mapping[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
-
-    @property
-    def mat(self) -> float:
-        """Mean tokens per verification step (the token chosen after prefill not counted)."""
-        return (self.completion_tokens - 1) / self.steps if self.steps else 0.0
+    mat: float = 0.0  # mean tokens per verification forward (``Generation.mat``)
 
 
 ReplicaEvent = Union[StreamStart, TextStep, StreamEnd]

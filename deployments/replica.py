@@ -93,10 +93,11 @@ def _end(generation: Generation) -> StreamEnd:
     return StreamEnd(
         finish_reason=generation.finish_reason,
         completion_tokens=len(generation.tokens),
-        steps=len(generation.steps),
+        steps=len(generation.verifications),
         accepted_by_source=dict(generation.accepted_by_source()),
         prefill_s=generation.prefill_s,
         decode_s=generation.decode_s,
+        mat=generation.mat,
     )
 
 

@@ -104,9 +104,10 @@ def test_engine_feeds_top_k_candidates_of_every_verified_row() -> None:
     recorder = Recorder()
     prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
     generation = engine.generate(prompt, recorder, GenerationParams(max_new_tokens=30))
-    assert len(recorder.fed) == len(generation.steps)
-    context = [*prompt, generation.tokens[0]]
-    for (tokens, top_k), tree, emitted in zip(recorder.fed, recorder.proposed, recorder.emitted[1:]):
+    assert len(recorder.fed) == len(generation.steps) + 1  # the prefill's forward, then each step
+    context = list(prompt)
+    for (tokens, top_k), tree, emitted in zip(recorder.fed, recorder.proposed, recorder.emitted,
+                                              strict=True):
         assert tokens == (context[-1], *tree.tokens)  # the root, then every node, rejected too
         assert len(top_k) == len(tokens) and all(len(set(row)) == 8 for row in top_k)
         assert top_k[0][0] == emitted[0]  # greedy: the root row's best is what came next

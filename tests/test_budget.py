@@ -111,10 +111,10 @@ def test_cost_curve_times_every_size_once_per_round() -> None:
             self.rows: list[int] = []
             self.cache_lengths: list[int] = []
 
-        def forward_tree(self, cache, root_token, tree):  # type: ignore[no-untyped-def]
+        def forward_tree(self, cache, pending, tree):  # type: ignore[no-untyped-def]
             self.rows.append(len(tree) + 1)
             self.cache_lengths.append(cache.get_seq_length())
-            return super().forward_tree(cache, root_token, tree)
+            return super().forward_tree(cache, pending, tree)
 
     model = RecordingModel()
     timings = measure_cost_curve(model, prefix_length=8, sizes=(1, 4, 2), repeats=2)

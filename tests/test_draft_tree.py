@@ -42,7 +42,24 @@ def test_mask_lets_each_node_see_prefix_itself_and_ancestors_only() -> None:
     ]
     assert mask[0, 0, 0, 3] == torch.finfo(torch.float32).min
     assert tree.position_ids(prefix_length=2).tolist() == [[2, 3, 4, 3]]
-    assert tree.input_ids(root_token=7).tolist() == [[7, 10, 11, 12]]
+    assert tree.input_ids([7]).tolist() == [[7, 10, 11, 12]]
+
+
+def test_lead_tokens_before_the_root_are_causal_and_seen_by_every_node() -> None:
+    tree = DraftTree.from_sequences([([10, 11], "a"), ([12], "a")])
+    mask = tree.attention_mask(prefix_length=1, dtype=torch.float32, lead=2)
+    visible = (mask[0, 0] == 0).int().tolist()
+    assert visible == [
+        # prefix  lead lead root 10  11  12
+        [1, 1, 0, 0, 0, 0, 0],  # first lead token
+        [1, 1, 1, 0, 0, 0, 0],  # second lead token
+        [1, 1, 1, 1, 0, 0, 0],  # root
+        [1, 1, 1, 1, 1, 0, 0],  # 10
+        [1, 1, 1, 1, 1, 1, 0],  # 11 (child of 10)
+        [1, 1, 1, 1, 0, 0, 1],  # 12 (child of root)
+    ]
+    assert tree.position_ids(prefix_length=1, lead=2).tolist() == [[1, 2, 3, 4, 5, 4]]
+    assert tree.input_ids([5, 6, 7]).tolist() == [[5, 6, 7, 10, 11, 12]]
 
 
 def test_empty_tree_is_just_the_root() -> None:

@@ -5,6 +5,7 @@ import random
 from helpers import ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.drafters import OracleDrafter
+from toolspec.engine import Generation, StepEvent
 
 VOCAB = 96
 
@@ -14,15 +15,21 @@ def _engine() -> Engine:
                   stop_token_ids=[])
 
 
-def test_events_add_up_to_the_generation_with_many_tokens_per_step() -> None:
-    engine = _engine()
-    prompt = [random.Random(7).randrange(VOCAB) for _ in range(20)]
-    params = GenerationParams(max_new_tokens=40)
+def _plain_and_oracle_events(engine: Engine, seed: int, prompt_length: int, max_new_tokens: int
+                             ) -> tuple[Generation, list[StepEvent], Generation]:
+    """Plain decoding's output, and the events and generation of an oracle-drafted stream."""
+    prompt = [random.Random(seed).randrange(VOCAB) for _ in range(prompt_length)]
+    params = GenerationParams(max_new_tokens=max_new_tokens)
     plain = engine.generate(prompt, None, params)
     events = list(engine.stream(prompt, OracleDrafter(plain.tokens), params))
     final = events[-1].generation
-    assert final is not None and all(e.generation is None for e in events[:-1])
-    assert final.tokens == plain.tokens
+    assert final is not None and final.tokens == plain.tokens
+    return plain, events, final
+
+
+def test_events_add_up_to_the_generation_with_many_tokens_per_step() -> None:
+    plain, events, final = _plain_and_oracle_events(_engine(), 7, 20, 40)
+    assert all(e.generation is None for e in events[:-1])
     assert tuple(t for e in events for t in e.tokens) == plain.tokens
     assert "".join(e.text for e in events) == plain.text
     assert events[0].stats is None and max(len(e.tokens) for e in events) > 1
@@ -107,3 +114,21 @@ def test_session_caches_are_evicted_least_recently_used_under_the_byte_budget() 
     assert store.stats().sessions == 2 and store.stats().bytes <= store.budget_bytes
     assert store.take("a", [1] * 30) is None  # the oldest went first
     assert store.take("c", [3] * 30) is not None
+
+
+def test_the_first_tree_rides_on_the_prefill_forward() -> None:
+    engine = _engine()
+    plain, events, final = _plain_and_oracle_events(engine, 8, 15, 30)
+    # first token + a full tree's tokens, before any decode step
+    assert len(events[0].tokens) == engine.budget.max_nodes + 1
+    assert final.prefill_step is not None and final.prefill_step.accepted == engine.budget.max_nodes
+    assert final.verifications == (final.prefill_step, *final.steps)
+    assert final.decode_tokens == len(plain.tokens) - 1
+
+
+def test_without_prefill_drafting_the_prefill_chooses_one_token() -> None:
+    engine = _engine()
+    engine.draft_at_prefill = False
+    plain, events, final = _plain_and_oracle_events(engine, 9, 15, 30)
+    assert len(events[0].tokens) == 1 and final.prefill_step is None
+    assert final.verifications == final.steps and final.decode_tokens == len(plain.tokens) - 1

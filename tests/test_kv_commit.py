@@ -27,7 +27,7 @@ def test_commit_equals_token_by_token_cache(tiny_family: str) -> None:
         speculative = model.new_cache()
         model.prefill(speculative, prompt)
         base = speculative.get_seq_length()
-        model.forward_tree(speculative, root, tree)
+        model.forward_tree(speculative, [root], tree)
         commit_path(speculative, base, path.rows)
         assert speculative.get_seq_length() == len(prompt) + 1 + len(leaf)
         after_commit = model.prefill(speculative, [probe])
@@ -50,7 +50,7 @@ def test_tree_logits_equal_sequential_logits(tiny_family: str) -> None:
     tree = DraftTree.from_sequences([([1, 2, 3], "t"), ([4, 5], "t"), ([1, 6], "t")])
     cache = model.new_cache()
     model.prefill(cache, prompt)
-    tree_logits = model.forward_tree(cache, root, tree)
+    tree_logits = model.forward_tree(cache, [root], tree)
     for leaf_path in tree.paths():
         sequential = model.new_cache()
         model.prefill(sequential, prompt)

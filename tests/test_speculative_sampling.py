@@ -45,7 +45,7 @@ def test_first_two_tokens_follow_the_plain_sampling_distribution(params: Samplin
     tree = DraftTree.from_sequences([([a, b], "toy") for a in range(4) for b in range(4)])
     cache = model.new_cache()
     model.prefill(cache, prompt)
-    tree_logits = model.forward_tree(cache, root, tree)
+    tree_logits = model.forward_tree(cache, [root], tree)
     after_bonus = {}
     for e1 in range(VOCAB):
         branch = model.new_cache()

@@ -61,7 +61,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
     loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
-    engines = build_engines(loaded, methods, args.budget)
+    engines = build_engines(loaded, methods, args.budget, args.draft_at_prefill)
     freeze_loaded_objects()
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
@@ -219,7 +219,7 @@ def _sim(args: argparse.Namespace) -> int:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
         freeze_loaded_objects()  # as bench and serving do: drafting times without old objects' GC
         report = simulate(drafter, targets, budget, tokenizer, cost, library=library,
-                          tenant=args.tenant)
+                          tenant=args.tenant, draft_at_prefill=args.draft_at_prefill)
     print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "
           f"{'cost-aware budget' if args.cost_curve else f'budget {args.budget}'}")
     print(format_report(report))
@@ -312,6 +312,12 @@ def _add_library_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", default="default", help="library tenant of the run's calls")
 
 
+def _add_prefill_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-draft-at-prefill", dest="draft_at_prefill", action="store_false",
+                        help="the prefill chooses one token, as plain decoding does (default: "
+                             "the first draft tree rides on the prefill forward)")
+
+
 def _call_format(name: str | None):
     from toolspec.formats import get_format
 
@@ -363,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "acceptance) into --out")
     _add_format_option(bench)
     _add_library_options(bench)
+    _add_prefill_option(bench)
     bench.set_defaults(handler=_bench)
     bench_commands = bench.add_subparsers(dest="bench_command")
     cost = bench_commands.add_parser("cost-curve", help="forward cost of k tokens vs one token")
@@ -428,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", type=Path, help="write the report here")
     _add_format_option(sim)
     _add_library_options(sim)
+    _add_prefill_option(sim)
     sim.set_defaults(handler=_sim)
 
     from toolspec.library.cli import add_library_commands

@@ -51,7 +51,7 @@ def measure_cost_curve(
     for _ in range(repeats + 1):
         for size in sizes:
             started = time.perf_counter()
-            model.forward_tree(cache, chains[size][0], trees[size])
+            model.forward_tree(cache, chains[size][:1], trees[size])
             samples[size].append(time.perf_counter() - started)
             commit_path(cache, prefix_length, [])
     return {size: statistics.median(times[1:]) for size, times in samples.items()}

@@ -189,26 +189,39 @@ class DraftTree:
         return visible
 
     def attention_mask(
-        self, prefix_length: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+        self, prefix_length: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+        lead: int = 0,
     ) -> torch.Tensor:
-        """Additive mask ``[1, 1, n+1, prefix_length + n+1]``: 0 where visible, dtype-min elsewhere.
+        """Additive mask ``[1, 1, rows, prefix_length + rows]`` with ``rows = lead + n+1``: 0
+        where visible, dtype-min elsewhere.
 
-        Every row sees the whole committed prefix, itself and its ancestors — never a sibling.
+        ``lead`` plain tokens run in the same forward before the root (the prompt, when the first
+        tree rides on the prefill): each sees the prefix and the lead tokens up to itself. Every
+        tree row sees the whole prefix, every lead token, itself and its ancestors — never a
+        sibling.
         """
         size = len(self) + 1
-        visible = torch.ones(size, prefix_length + size, dtype=torch.bool)
-        visible[:, prefix_length:] = self.ancestor_matrix()
+        rows = lead + size
+        visible = torch.ones(rows, prefix_length + rows, dtype=torch.bool)
+        visible[:lead, prefix_length:] = torch.ones(lead, rows, dtype=torch.bool).tril()
+        visible[lead:, prefix_length + lead:] = self.ancestor_matrix()
         mask = torch.zeros(visible.shape, dtype=dtype)
         mask.masked_fill_(~visible, torch.finfo(dtype).min)
         return mask.to(device)[None, None]
 
-    def position_ids(self, prefix_length: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """``[1, n+1]`` positions: the root at ``prefix_length``, each node one below its parent."""
-        offsets = torch.tensor((0, *self.depths), dtype=torch.long)
+    def position_ids(self, prefix_length: int, device: torch.device | str = "cpu",
+                     lead: int = 0) -> torch.Tensor:
+        """``[1, lead + n+1]`` positions: ``lead`` plain tokens from ``prefix_length`` on, then
+        the root, each node one below its parent."""
+        offsets = torch.tensor((*range(lead), *(lead + d for d in (0, *self.depths))),
+                               dtype=torch.long)
         return (offsets + prefix_length).to(device)[None]
 
-    def input_ids(self, root_token: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        return torch.tensor([(root_token, *self.tokens)], dtype=torch.long, device=device)
+    def input_ids(self, pending: Sequence[int], device: torch.device | str = "cpu"
+                  ) -> torch.Tensor:
+        """``[1, len(pending) + n]``: the tokens not yet cached (the last is the root), then the
+        nodes."""
+        return torch.tensor([(*pending, *self.tokens)], dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The speculative decoding engine: prefill, then propose → verify → commit → observe.
+"""The speculative decoding engine: propose → verify → commit → observe, from the prefill on.
 
 Plain autoregressive decoding is the same loop with a drafter that proposes nothing, so both run
 through the same model wrapper, cache and token chooser and their timings compare like with like.
+The first draft tree rides on the prefill forward (rooted at the prompt's last token): its
+accepted tokens arrive with the first token, and the request needs one forward fewer.
 A ``GenerationParams.constraint`` (a compiled tool-call grammar) makes every choice a masked one,
 in speculative and plain decoding alike (see ``grammar_masks``).
 """
@@ -70,24 +72,36 @@ class Generation:
     tokens: tuple[int, ...]
     text: str
     finish_reason: FinishReason
-    prefill_s: float  # prompt forward and the choice of the first token
+    prefill_s: float  # the prompt's forward (with the first tree, if any): time to first token
     decode_s: float  # everything after that
-    steps: tuple[StepStats, ...]
+    steps: tuple[StepStats, ...]  # the verification steps after the prefill
     margins: tuple[float, ...] | None = None  # aligned with ``tokens`` when recorded
+    # The draft tree verified in the prefill forward; None when none was drafted there.
+    prefill_step: StepStats | None = None
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens produced by verification steps (all but the one produced by prefill)."""
-        return sum(step.emitted for step in self.steps)
+        """Every token but the first: those the decode phase delivered (the first tree's accepted
+        tokens arrive with the first token, at no decode time: time per output token as serving
+        benchmarks count it, ``decode_s / decode_tokens``)."""
+        first = self.prefill_step.emitted - 1 if self.prefill_step is not None else 0
+        return first + sum(step.emitted for step in self.steps)
+
+    @property
+    def verifications(self) -> tuple[StepStats, ...]:
+        """Every forward that verified a draft tree or followed one: the prefill's (when it
+        carried a tree), then the steps."""
+        return (self.prefill_step, *self.steps) if self.prefill_step is not None else self.steps
 
     @property
     def mat(self) -> float:
-        """Mean tokens committed per verification step, bonus included (1.0 for plain decoding)."""
-        return self.decode_tokens / len(self.steps) if self.steps else 0.0
+        """Mean tokens committed per verification, bonus included (1.0 for plain decoding)."""
+        verifications = self.verifications
+        return sum(v.emitted for v in verifications) / len(verifications) if verifications else 0.0
 
     def accepted_by_source(self) -> Counter[str]:
         total: Counter[str] = Counter()
-        for step in self.steps:
+        for step in self.verifications:
             total.update(step.accepted_by_source)
         return total
 
@@ -109,8 +123,8 @@ class PrefixMismatchError(ValueError):
 class StepEvent:
     """What one step of ``Engine.stream`` added to the output.
 
-    The first event holds the token chosen after prefill (``stats`` None); every later one a
-    verification step. ``text`` is the new visible text (see ``TextDeltas``). The last event
+    The first event holds what the prefill forward chose (the first token, and the first draft
+    tree's accepted tokens; ``stats`` None); every later one a verification step. ``text`` is the new visible text (see ``TextDeltas``). The last event
     carries the finished ``generation``.
     """
 
@@ -126,7 +140,9 @@ class Engine:
 
     ``budget`` decides how much of each draft tree is verified: an int caps the nodes (the
     forward runs over at most budget + 1 tokens); a ``CostAwareBudget`` sizes each tree to the
-    measured cost curve. Mutates: the budget's acceptance statistics, across generations.
+    measured cost curve. ``draft_at_prefill``: verify a first tree in the prefill forward (off:
+    the prefill chooses one token, as plain decoding does). Mutates: the budget's acceptance
+    statistics, across generations.
     """
 
     def __init__(
@@ -135,6 +151,7 @@ class Engine:
         tokenizer: PreTrainedTokenizerBase,
         budget: DraftBudget | int = 8,
         stop_token_ids: Sequence[int] | None = None,
+        draft_at_prefill: bool = True,
     ) -> None:
         if isinstance(budget, int):
             if budget < 0:
@@ -143,6 +160,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.budget = budget
+        self.draft_at_prefill = draft_at_prefill
         self.stop_token_ids = frozenset(
             stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
         )
@@ -210,30 +228,28 @@ class Engine:
         cache, reused = self._start_cache(prompt_ids, prefix)
 
         started = time.perf_counter()
-        prompt_logits = self.model.prefill(cache, prompt_ids[reused:])
-        chooser.bind(prompt_logits[None])
-        generated = [chooser.choose(0)]
-        margins = [_top2_margin(prompt_logits[None])[0]] if params.record_margins else None
-        prefill_s = time.perf_counter() - started
-
         drafter.start(DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant))
         observer = logits_observer(drafter)
-        drafter.observe(generated)
-        context = [*prompt_ids, *generated]
-        decision = scanner.scan(generated, 1)
+        context = list(prompt_ids)
+        pending = context[reused:]  # not yet in the cache; the last one roots the next tree
+        generated: list[int] = []
+        margins: list[float] | None = [] if params.record_margins else None
         steps: list[StepStats] = []
-        emitted = list(generated)
-        while decision is None:
-            yield StepEvent(tuple(emitted), deltas.update(generated), steps[-1] if steps else None)
+        prefill_step: StepStats | None = None
+        prefill_s = 0.0
+        while True:
+            at_prefill = not generated
             room = min(self.budget.max_nodes, params.max_new_tokens - len(generated) - 1)
             t0 = time.perf_counter()
-            tree = self.budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+            drafting = room > 0 and (self.draft_at_prefill or not at_prefill)
+            tree = self.budget.select(drafter.propose(context, room)) if drafting else DraftTree()
             t1 = time.perf_counter()
-            base_length = cache.get_seq_length()
-            result = verify(self.model, cache, context[-1], tree, chooser)
+            base_length = cache.get_seq_length() + len(pending) - 1  # rows before the root's
+            result = verify(self.model, cache, pending, tree, chooser)
             t2 = time.perf_counter()
             commit_path(cache, base_length, result.path.rows)
-            self.budget.observe(tree, result.path.nodes)
+            if drafting:
+                self.budget.observe(tree, result.path.nodes)
             t3 = time.perf_counter()
             emitted = list(result.emitted)
             generated.extend(emitted)
@@ -242,13 +258,23 @@ class Engine:
                 del generated[len(generated) - len(emitted) + decision.keep :]
                 emitted = emitted[: decision.keep]
             if observer is not None:
-                feed_top_k(observer, context[-1], tree, result.logits)
+                feed_top_k(observer, pending[-1], tree, result.logits)
             context.extend(emitted)
+            pending = context[-1:]
             drafter.observe(emitted)
             t4 = time.perf_counter()
             if margins is not None:
                 margins.extend(_top2_margin(result.logits[list(result.path.rows)])[: len(emitted)])
-            steps.append(_step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2))
+            stats = _step_stats(tree, result, len(emitted), t1 - t0 + t4 - t3, t2 - t1, t3 - t2)
+            if at_prefill:
+                prefill_s = time.perf_counter() - started
+                prefill_step = stats if len(tree) else None
+            else:
+                steps.append(stats)
+            if decision is not None:
+                break
+            yield StepEvent(tuple(emitted), deltas.update(generated),
+                            None if at_prefill else stats)
         decode_s = time.perf_counter() - started - prefill_s
 
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
@@ -261,10 +287,11 @@ class Engine:
             decode_s=decode_s,
             steps=tuple(steps),
             margins=tuple(margins) if margins is not None else None,
+            prefill_step=prefill_step,
         )
         kv = _kv_of(cache, context) if keep_kv else None
         yield StepEvent(tuple(emitted), deltas.finish(generation.text),
-                        steps[-1] if steps else None, generation, kv)
+                        None if at_prefill else stats, generation, kv)
 
     def _start_cache(self, prompt_ids: Sequence[int], prefix: KVPrefix | None
                      ) -> tuple[DynamicCache, int]:

@@ -23,6 +23,13 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 GROUPED_SDPA = "toolspec_grouped_sdpa"
 STOCK_SDPA = "sdpa"
+# Model keyword argument (passed through to attention functions) naming how many leading rows
+# of a forward are plain causal tokens. Why: SDPA's result for a row depends on the shape of the
+# call it is in (kernel blocking), so a prompt prefilled together with a draft tree would get
+# keys and values a few bf16 ulps away from a plain prefill's, and a near-tie later in the
+# output could then go the other way. Attending those rows in a call of their own keeps the
+# prompt's cache bitwise equal to plain decoding's.
+CAUSAL_ROWS = "toolspec_causal_rows"
 
 
 def grouped_sdpa_attention(
@@ -34,12 +41,31 @@ def grouped_sdpa_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    toolspec_causal_rows: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Stock SDPA attention, except that a masked forward over grouped heads on CPU runs on the
     key/value heads as they are. Shapes as transformers' attention functions: ``query``
     ``[batch, heads, q, dim]``, ``key``/``value`` ``[batch, kv_heads, kv, dim]``; returns
-    ``[batch, q, heads, dim]``."""
+    ``[batch, q, heads, dim]``.
+
+    ``toolspec_causal_rows``: the forward's first rows are plain causal tokens (a prompt ahead
+    of a draft tree); they are attended exactly as a forward of those tokens alone would (see
+    ``CAUSAL_ROWS``), the tree rows after them in a second call."""
+    rows = query.shape[2]
+    if toolspec_causal_rows is not None and attention_mask is not None \
+            and 0 < toolspec_causal_rows < rows:
+        causal = toolspec_causal_rows
+        seen = key.shape[2] - rows + causal  # the keys a forward of the causal rows alone holds
+        # With nothing cached the plain forward ran unmasked (is_causal): so must these rows.
+        lead_mask = None if seen == causal else attention_mask[..., :causal, :seen]
+        lead, _ = grouped_sdpa_attention(
+            module, query[:, :, :causal], key[:, :, :seen], value[:, :, :seen], lead_mask,
+            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        tree, _ = grouped_sdpa_attention(
+            module, query[:, :, causal:], key, value, attention_mask[..., causal:, :],
+            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return torch.cat((lead, tree), dim=1), None
     groups = getattr(module, "num_key_value_groups", 1)
     if (attention_mask is None or groups == 1 or query.device.type != "cpu"
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None

@@ -98,8 +98,9 @@ class ItemSim:
 @dataclass
 class SimReport:
     items: int = 0
-    steps: int = 0
-    emitted: int = 0
+    steps: int = 0  # verification forwards (the prefill's when it carried a tree)
+    emitted: int = 0  # tokens those forwards emitted
+    decode_tokens: int = 0  # every token but each item's first (what the decode phase delivers)
     tokens_by_state: Counter[str] = field(default_factory=Counter)
     drafted_by_state: Counter[str] = field(default_factory=Counter)
     proposed_by_source: Counter[str] = field(default_factory=Counter)
@@ -120,9 +121,10 @@ class SimReport:
 
     @property
     def estimated_speedup(self) -> float | None:
-        """Decode speed-up over plain decoding predicted by the cost curve (drafting time and
-        overheads not counted); None without a cost curve."""
-        return self.emitted / self.forward_cost if self.forward_cost else None
+        """Decode speed-up over plain decoding predicted by the cost curve: decode tokens per
+        unit of decode-phase forward cost (drafting time and overheads not counted; a tree riding
+        on the prefill costs prefill time, not decode time); None without a cost curve."""
+        return self.decode_tokens / self.forward_cost if self.forward_cost else None
 
     def as_dict(self) -> dict:
         return {
@@ -166,8 +168,10 @@ def simulate(
     max_new_tokens: int = 256,
     library: CallLibrary | None = None,
     tenant: str = "default",
+    draft_at_prefill: bool = True,
 ) -> SimReport:
-    """Replay every target through ``drafter``; the first token comes from "prefill".
+    """Replay every target through ``drafter`` as the engine decodes it: the first tree rides on
+    the prefill (``draft_at_prefill``), rooted at the prompt's last token.
 
     With a ``cost`` model the report also predicts the decode speed-up. With a ``library``, each
     target's calls are added to it after the target (a cold start filled in order). Mutates:
@@ -183,14 +187,15 @@ def simulate(
         library_calls = library.stats().calls if library is not None else None
         with _drafting(report):
             drafter.start(target.request)
-            drafter.observe(output[:1])
-        context = [*target.prompt_ids, output[0]]
-        position = 1
+        context = list(target.prompt_ids)
+        position = 0
         while position < len(output):
             # Like the engine, drafting is capped by the token limit, not by the (unknown) end.
             room = min(budget.max_nodes, max_new_tokens - position - 1)
+            at_prefill = position == 0
+            drafting = room > 0 and (draft_at_prefill or not at_prefill)
             with _drafting(report):
-                tree = budget.select(drafter.propose(context, room)) if room > 0 else DraftTree()
+                tree = budget.select(drafter.propose(context, room)) if drafting else DraftTree()
             accepted: list[int] = []
             node = ROOT
             while position + len(accepted) < len(output):
@@ -199,17 +204,25 @@ def simulate(
                     break
                 accepted.append(child)
                 node = child
-            with _drafting(report):
-                budget.observe(tree, accepted)
+            if drafting:
+                with _drafting(report):
+                    budget.observe(tree, accepted)
+            emitted_count = min(len(accepted) + 1, len(output) - position)
+            report.decode_tokens += emitted_count - at_prefill
+            if not at_prefill and cost is not None:
+                report.forward_cost += cost.cost(len(tree) + 1)
+            if at_prefill and not tree:  # plain prefill: not a verification
+                context.extend(output[:1])
+                with _drafting(report):
+                    drafter.observe(output[:1])
+                position = 1
+                continue
             report.steps += 1
             report.nodes_verified += len(tree)
-            if cost is not None:
-                report.forward_cost += cost.cost(len(tree) + 1)
             report.proposed_by_source.update(tree.sources)
             report.accepted_by_source.update(tree.sources[n] for n in accepted)
             for offset in range(len(accepted)):
                 report.drafted_by_state[states[position + offset].value] += 1
-            emitted_count = min(len(accepted) + 1, len(output) - position)
             emitted = output[position: position + emitted_count]
             for offset in range(emitted_count):
                 report.tokens_by_state[states[position + offset].value] += 1

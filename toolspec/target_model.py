@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from toolspec.draft_tree import DraftTree
+from toolspec.grouped_attention import CAUSAL_ROWS
 
 
 class TargetModel:
@@ -37,33 +38,37 @@ class TargetModel:
 
         Mutates: ``cache`` grows by ``len(token_ids)``.
         """
-        if not token_ids:
-            raise ValueError("prefill needs at least one token")
-        start = cache.get_seq_length()
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + ids.shape[1], device=self.device)[None]
-        out = self.model(
-            input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
-        )
-        return out.logits[0, -1]
+        return self._forward(cache, token_ids, DraftTree())[-1]
 
-    @torch.inference_mode()
-    def forward_tree(self, cache: DynamicCache, root_token: int, tree: DraftTree) -> torch.Tensor:
+    def forward_tree(self, cache: DynamicCache, pending: Sequence[int], tree: DraftTree
+                     ) -> torch.Tensor:
         """Logits ``[len(tree) + 1, vocab]`` for the root and every draft node, in one forward.
 
-        Mutates: ``cache`` grows by ``len(tree) + 1`` rows (root first, then the nodes in tree
-        order); ``commit_path`` must follow to keep only the accepted ones.
+        ``pending``: the tokens ``cache`` does not hold yet, the last of them the tree's root —
+        one token after a verification step, the whole prompt when the first tree rides on the
+        prefill. Mutates: ``cache`` grows by ``len(pending) + len(tree)`` rows (pending first,
+        then the nodes in tree order); ``commit_path`` must follow to keep only the accepted ones.
         """
+        return self._forward(cache, pending, tree)
+
+    @torch.inference_mode()
+    def _forward(self, cache: DynamicCache, pending: Sequence[int], tree: DraftTree
+                 ) -> torch.Tensor:
+        if not pending:
+            raise ValueError("a forward needs at least one pending token (the tree's root)")
         prefix = cache.get_seq_length()
-        ids = tree.input_ids(root_token, self.device)
-        positions = tree.position_ids(prefix, self.device)
-        if len(tree) == 0:
-            mask = None  # a single causal token: let the model take its fast path
-        else:
-            mask = tree.attention_mask(prefix, self.dtype, self.device)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
-        )
+        lead = len(pending) - 1
+        ids = tree.input_ids(pending, self.device)
+        positions = tree.position_ids(prefix, self.device, lead=lead)
+        mask = None  # plain causal tokens: let the model take its fast path
+        exact_rows: dict[str, int] = {}
+        if len(tree):
+            mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
+        if len(tree) and lead:
+            # a prompt with the first tree: its rows (root included) bitwise as a plain prefill's
+            exact_rows[CAUSAL_ROWS] = len(pending)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                         use_cache=True, logits_to_keep=len(tree) + 1, **exact_rows)
         return out.logits[0]
 
 

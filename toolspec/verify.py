@@ -10,6 +10,7 @@ does — lossless for greedy, distribution-exact for sampling with deterministic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,16 +57,17 @@ class Verification:
 def verify(
     model: TargetModel,
     cache: DynamicCache,
-    root_token: int,
+    pending: Sequence[int],
     tree: DraftTree,
     chooser: TokenChooser,
 ) -> Verification:
-    """Check ``tree`` below ``root_token`` with one forward pass of the target model.
+    """Check ``tree`` below the root, the last of the ``pending`` tokens (those not yet in
+    ``cache``: the last emitted token, or the prompt at prefill), with one forward pass.
 
-    Mutates: ``cache`` grows by ``len(tree) + 1`` rows (see ``commit_path``); ``chooser``'s
-    random generator advances by one draw per emitted token in sampled mode.
+    Mutates: ``cache`` grows by ``len(pending) + len(tree)`` rows (see ``commit_path``);
+    ``chooser``'s random generator advances by one draw per emitted token in sampled mode.
     """
-    logits = model.forward_tree(cache, root_token, tree)
+    logits = model.forward_tree(cache, pending, tree)
     chooser.bind(logits)
     path = walk_tree(tree, chooser)
     emitted = tuple(tree.tokens[node] for node in path.nodes) + (path.bonus,)

@@ -91,11 +91,10 @@ def tool_history(runs: Sequence[Sequence[ItemResult]], method: str) -> list[Hist
             seen.update(call.name for call in calls)
     points = []
     for bucket, pairs in sorted(grouped.items()):
-        steps = sum(m.steps for _, m in pairs)
-        tokens = sum(m.decode_tokens for _, m in pairs)
-        ours = _rate(tokens, sum(m.decode_s for _, m in pairs))
+        verified, forwards = map(sum, zip(*(m.verification_counts() for _, m in pairs)))
+        ours = _rate(sum(m.decode_tokens for _, m in pairs), sum(m.decode_s for _, m in pairs))
         ar = _rate(sum(a.decode_tokens for a, _ in pairs), sum(a.decode_s for a, _ in pairs))
-        points.append(HistoryPoint(bucket, len(pairs), tokens / steps if steps else 0.0,
+        points.append(HistoryPoint(bucket, len(pairs), verified / forwards if forwards else 0.0,
                                    ours / ar if ar else 0.0))
     return points
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolspec.bench.run import verification_counts
+
 
 class GrowthInputError(ValueError):
     """A file that holds neither a sim report with per-item rows nor bench items."""
@@ -28,18 +30,18 @@ class GrowthPoint:
 
 def read_series(path: Path) -> dict[str, list[tuple[int, int, int]]]:
     """Per series name, rows of (calls stored before the item, steps, tokens emitted by steps)."""
-    text = Path(path).read_text()
     if path.suffix == ".jsonl":
         series: dict[str, list[tuple[int, int, int]]] = {}
-        for line in text.splitlines():
+        for line in Path(path).read_text().splitlines():
             row = json.loads(line)
             if row.get("library_calls") is not None and row["steps"]:
-                series.setdefault(row["method"], []).append(
-                    (row["library_calls"], row["steps"], row["decode_tokens"]))
+                tokens, forwards = verification_counts(row["decode_tokens"], row["steps"],
+                                                       row.get("prefill_accepted"))
+                series.setdefault(row["method"], []).append((row["library_calls"], forwards, tokens))
         if not series:
             raise GrowthInputError(f"{path}: no bench item was run with a call library")
         return series
-    report = json.loads(text)
+    report = json.loads(Path(path).read_text())
     rows = [(r["library_calls"], r["steps"], r["emitted"]) for r in report.get("per_item", ())
             if r["library_calls"] is not None and r["steps"]]
     if not rows:

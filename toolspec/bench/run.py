@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
-from toolspec.budget import CostAwareBudget
+from toolspec.budget import CostAwareBudget, DraftBudget
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
@@ -41,8 +41,8 @@ class ItemResult:
     tokens: list[int]
     text: str
     new_tokens: int
-    decode_tokens: int
-    steps: int
+    decode_tokens: int  # all but the first token (see ``Generation.decode_tokens``)
+    steps: int  # verification steps after the prefill
     prefill_s: float
     decode_s: float
     accepted_by_source: dict[str, int]
@@ -59,6 +59,23 @@ class ItemResult:
     drafted_by_state: dict[str, int] | None = None  # ... of which accepted from a draft
     draft_s: float | None = None  # time in the drafter and budget, summed over the steps
     verify_s: float | None = None  # time in verification forwards, summed over the steps
+    # Draft tokens accepted in the prefill forward (None: no tree rode on it, or an older run).
+    prefill_accepted: int | None = None
+
+    def verification_counts(self) -> tuple[int, int]:
+        """(tokens emitted by verification forwards, their number): MAT's numerator and
+        denominator."""
+        return verification_counts(self.decode_tokens, self.steps, self.prefill_accepted)
+
+
+def verification_counts(decode_tokens: int, steps: int, prefill_accepted: int | None
+                        ) -> tuple[int, int]:
+    """An item's (tokens emitted by verification forwards, their number). The prefill's forward
+    counts when it verified a tree (``prefill_accepted`` not None): then it emitted the first
+    token too."""
+    if prefill_accepted is None:
+        return decode_tokens, steps
+    return decode_tokens + 1, steps + 1
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -76,7 +93,8 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
     if difference is not None and ar.margins is not None and difference < len(ar.margins):
         margin = ar.margins[difference]
     score = score_output(item, generation.text, call_format)
-    by_state, drafted = state_counts(tokenizer, generation.tokens, generation.steps, call_format)
+    by_state, drafted = state_counts(tokenizer, generation.tokens, generation.verifications,
+                                     call_format, start=0 if generation.prefill_step else 1)
     return ItemResult(
         item=item.id,
         method=method,
@@ -95,11 +113,13 @@ def _item_result(item: BenchItem, method: str, generation: Generation, ar: Gener
         call_correct=score.call_correct,
         format_adherent=score.format_adherent,
         wrapped=score.wrapped,
-        step_accepted=[step.accepted for step in generation.steps],
+        step_accepted=[step.accepted for step in generation.verifications],
         tokens_by_state=by_state,
         drafted_by_state=drafted,
         draft_s=sum(step.draft_s for step in generation.steps),
         verify_s=sum(step.verify_s for step in generation.steps),
+        prefill_accepted=(generation.prefill_step.accepted
+                          if generation.prefill_step is not None else None),
     )
 
 
@@ -174,6 +194,8 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
         e2e_s = sum(r.prefill_s + r.decode_s for r in rows)
         steps = sum(r.steps for r in rows)
         decode_tokens = sum(r.decode_tokens for r in rows)
+        verified_tokens, verifications = map(sum, zip(*(r.verification_counts() for r in rows))) \
+            if rows else (0, 0)
         new_tokens = sum(r.new_tokens for r in rows)
         by_source: dict[str, int] = {}
         for r in rows:
@@ -182,9 +204,10 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
         summary[method] = {
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s else 0.0,
             "e2e_tokens_per_s": new_tokens / e2e_s if e2e_s else 0.0,
-            "mat": decode_tokens / steps if steps else 0.0,
+            "mat": verified_tokens / verifications if verifications else 0.0,
             "identical_to_ar": sum(r.identical_to_ar for r in rows) / len(rows) if rows else 0.0,
             "steps": steps,
+            "prefill_accepted": sum(r.prefill_accepted or 0 for r in rows),
             "new_tokens": new_tokens,
             "prefill_s": sum(r.prefill_s for r in rows),
             "decode_s": decode_s,
@@ -346,14 +369,19 @@ def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine
 
 
 def build_engines(loaded: LoadedModel, methods: Sequence[str],
-                  fixed_budget: int | None = None) -> dict[str, Engine]:
+                  fixed_budget: int | None = None, draft_at_prefill: bool = True
+                  ) -> dict[str, Engine]:
     """One engine per method over the same model, each with a budget of its own (sized to this
     machine's cost curve, or a fixed node cap): what one method's drafts taught a budget about
     a draft source must not steer another method's trees."""
     model = TargetModel(loaded.model)
-    if fixed_budget is not None:  # an int: the engine checks it and caps every tree with it
-        return {method: Engine(model, loaded.tokenizer, budget=fixed_budget)
-                for method in methods}
-    cost = cached_cost_model(loaded)
-    return {method: Engine(model, loaded.tokenizer, budget=CostAwareBudget(cost))
+    cost = cached_cost_model(loaded) if fixed_budget is None else None
+
+    def budget() -> DraftBudget | int:
+        if cost is None:
+            return fixed_budget or 0  # an int: the engine checks it and caps every tree with it
+        return CostAwareBudget(cost)
+
+    return {method: Engine(model, loaded.tokenizer, budget=budget(),
+                           draft_at_prefill=draft_at_prefill)
             for method in methods}

@@ -14,14 +14,15 @@ from toolspec.sim import token_states
 
 
 def state_counts(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int],
-                 steps: Sequence[StepStats], call_format: CallFormat
+                 steps: Sequence[StepStats], call_format: CallFormat, start: int = 1
                  ) -> tuple[dict[str, int], dict[str, int]]:
-    """(tokens, drafted) per state over the tokens the ``steps`` produced (all but the first
-    token, which prefill chose); a step's first ``accepted`` tokens came from its draft."""
+    """(tokens, drafted) per state over the tokens the ``steps`` produced, from ``start`` on (1:
+    the prefill chose the first token alone; 0: ``steps`` begins with the prefill's
+    verification); a step's first ``accepted`` tokens came from its draft."""
     states = token_states(tokenizer, tokens, call_format)
     written: Counter[str] = Counter()
     drafted: Counter[str] = Counter()
-    position = 1
+    position = start
     for step in steps:
         for offset in range(step.emitted):
             state = states[position + offset].value
