@@ -4,7 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from toolspec.bench.machine import describe_machine
 from toolspec.bench.methods import UnknownMethodError, parse_methods
 from toolspec.bench.run import first_difference
 from toolspec.cli import main
@@ -128,3 +130,11 @@ def test_growth_series_from_sim_reports_and_bench_items(tmp_path: Path, capsys) 
                  "--window", "2", "--plot", str(tmp_path / "growth.png")]) == 0
     assert (tmp_path / "growth.png").stat().st_size > 1000
     assert "toolspec: 0 calls → MAT 2.50" in capsys.readouterr().out
+
+
+def test_the_machine_line_names_the_cpu_kernel_level() -> None:
+    """Cost curves are cached per machine line: two CPUs of one model name but different
+    instruction sets (bf16 native vs emulated) must not share one."""
+    line = describe_machine(torch.device("cpu"))
+    assert f"({torch.backends.cpu.get_cpu_capability()}" in line
+    assert f"torch {torch.__version__}" in line
