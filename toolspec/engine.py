@@ -124,8 +124,9 @@ class StepEvent:
     """What one step of ``Engine.stream`` added to the output.
 
     The first event holds what the prefill forward chose (the first token, and the first draft
-    tree's accepted tokens; ``stats`` None); every later one a verification step. ``text`` is the new visible text (see ``TextDeltas``). The last event
-    carries the finished ``generation``.
+    tree's accepted tokens; ``stats`` None); every later one a verification step. ``text`` is
+    the new visible text (see ``TextDeltas``). The last event carries the finished
+    ``generation``.
     """
 
     tokens: tuple[int, ...]

@@ -64,9 +64,8 @@ class TargetModel:
         exact_rows: dict[str, int] = {}
         if len(tree):
             mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
-        if len(tree) and lead:
-            # a prompt with the first tree: its rows (root included) bitwise as a plain prefill's
-            exact_rows[CAUSAL_ROWS] = len(pending)
+            if lead:  # a prompt with the first tree: its rows bitwise as a plain prefill's
+                exact_rows[CAUSAL_ROWS] = len(pending)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True, logits_to_keep=len(tree) + 1, **exact_rows)
         return out.logits[0]
