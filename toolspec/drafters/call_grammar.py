@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from toolspec.drafters.date_values import (DateMention, find_date_mentions, mentions_written,
-                                           render, value_patterns)
+from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
+                                           find_date_mentions, mentions_written, render,
+                                           value_patterns)
+from toolspec.drafters.prompt_literals import NestedLiteral
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
 from toolspec.tools import Tool, ToolSet
 
@@ -35,6 +37,8 @@ NAME = "schema/name"
 PARAM = "schema/param"
 VALUE = "schema/value"
 DATE = "schema/date"  # a date or time of the conversation, spelled as the schema asks
+PATTERN = "schema/pattern"  # the rest of a date or time being typed, as its pattern goes on
+LITERAL = "schema/literal"  # an object or array value the prompt spells out (its own schema)
 CLOSE = "schema/close"
 
 
@@ -94,6 +98,7 @@ class GrammarPriors:
     number_share: float = 0.5  # a numeric value is the first unused number of the conversation
     string_share: float = 0.3  # a string value is the latest unused name/id/quote of the conversation
     date_share: float = 0.5  # a value with a date pattern is the latest unused date mentioned
+    pattern_rest: float = 0.6  # a date or time being typed goes on as its pattern says
 
 
 class CallGrammar:
@@ -111,6 +116,7 @@ class CallGrammar:
         priors: GrammarPriors = GrammarPriors(),
         chained_choices: int = 2,
         conversation: str = "",
+        literals: Sequence[NestedLiteral] = (),
     ) -> None:
         self.tools = tools
         self.format = call_format
@@ -119,8 +125,11 @@ class CallGrammar:
         self.priors = priors
         self.chained_choices = chained_choices  # how many choice points one branch runs through
         self.conversation = conversation  # text that argument values may be copied from
+        self.literals = tuple(literals)  # the prompt's objects and arrays (nested values)
+        self._literal_texts: dict[JsonStyle, list[tuple[str | None, str]]] = {}
         self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
         self._strings = _value_like_spans(conversation)
+        self._strings_by_parameter: dict[str, list[str]] = {}
         self._used_values: frozenset[str] = frozenset()
         self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
         self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
@@ -176,9 +185,11 @@ class CallGrammar:
         if state is CallState.TEXT:
             if scanner.calls:
                 return self._after_call(style, depth)
+            # The opening is drafted once per output (at the prefill, where tree rows are
+            # cheap): one more choice lets the first value ride on it.
             return [((Segment(text + "{", OPEN, prior), *rest), ends)
                     for text, prior in self.openings
-                    for rest, ends in self._call_body(style, depth)]
+                    for rest, ends in self._call_body(style, depth + 1)]
         if state in (CallState.OFF_FORMAT, CallState.VALUE_NESTED):
             return []
         keys = scanner.call_keys
@@ -209,6 +220,10 @@ class CallGrammar:
             return self._close_call(style, depth)
         if state in (CallState.PARAM_COLON, CallState.VALUE_STRING, CallState.VALUE_LITERAL):
             schema = tool.properties.get(scanner.parameter or "", {})
+            if state is CallState.VALUE_STRING and _json_type(schema) is None:
+                # The model opened a string for a parameter the schema does not type (or
+                # does not have): draft it as a string.
+                schema = {**schema, "type": "string"}
             return [((Segment(style.colon, FIXED), *rest), ends)
                     for rest, ends in self._value(tool, schema, given, style, depth)]
         return []
@@ -217,16 +232,22 @@ class CallGrammar:
         """Branches that depend on the characters of the value being typed."""
         state, partial = scanner.state, scanner.partial
         tool = self.tools.get(scanner.tool_name) if scanner.tool_name else None
-        if tool is None or not partial:
+        nested_start = scanner.nested_value_start
+        if tool is None or not (partial or nested_start is not None):
             return []
         typed = scanner.text[scanner.anchor:]
         given = scanner.given_parameters
         depth = self.chained_choices
+        if state is CallState.VALUE_NESTED and nested_start is not None:
+            return self._copied_literals(tool, scanner.parameter, given, typed,
+                                         scanner.text[nested_start:], style, depth)
         if state is CallState.VALUE_STRING:
             return (self._value_ends_now(tool, given, typed, state, style, depth)
                     + self._copied_spans(tool, given, typed, partial, style, depth)
                     + self._typed_year_dates(tool, scanner.parameter, given, typed, partial,
-                                             style, depth))
+                                             style, depth)
+                    + self._pattern_rest(tool, scanner.parameter, given, typed, partial, style,
+                                         depth))
         if state is CallState.VALUE_LITERAL and partial[:1] in "-0123456789":
             return self._value_ends_now(tool, given, typed, state, style, depth)
         return []
@@ -315,7 +336,8 @@ class CallGrammar:
             if depth > 0:
                 branches += [((opener, *rest), ends) for rest, ends
                              in self._dates_in_pattern(tool, schema, given, style, depth, None)]
-            for span, share in self._conversation_strings() if depth > 0 else ():
+            for span, share in self._conversation_strings(given[-1] if given else "") \
+                    if depth > 0 else ():
                 value = Segment(_quoted_inner(span) + '"', VALUE, share)
                 branches += [((opener, value, *rest), ends)
                              for rest, ends in self._after_value(tool, given, style, depth - 1)]
@@ -368,10 +390,58 @@ class CallGrammar:
         return [((Segment(prefix, FIXED), *rest), ends) for rest, ends in self._dates_in_pattern(
             tool, schema, given, style, depth, int(match.group(1)))]
 
-    def _conversation_strings(self) -> list[tuple[str, float]]:
-        """Likely string values from the conversation (quoted text, names, ids, dates) not yet
-        written in this output, most recent first, with geometrically decreasing priors."""
-        found = [span for span in self._strings if span not in self._used_values]
+    def _copied_literals(self, tool: Tool, parameter: str | None, given: Sequence[str],
+                         typed: str, nested: str, style: JsonStyle, depth: int) -> list[Branch]:
+        """The object or array being typed (``nested``, from its bracket) is one the prompt
+        spells out, in the model's JSON spacing: the one the prompt keys by this parameter (its
+        schema) first, then the latest."""
+        if style.indent is not None:
+            return []  # an indented literal's layout depends on its depth in the call
+        texts = self._literal_texts.get(style)
+        if texts is None:
+            texts = self._literal_texts[style] = [
+                (literal.key, style.dumps(literal.value)) for literal in reversed(self.literals)]
+        matching = [(key != parameter, text) for key, text in texts
+                    if len(text) > len(nested) and text.startswith(nested)]
+        chosen = list(dict.fromkeys(text for _, text in sorted(matching, key=lambda m: m[0])))
+        chosen = chosen[:_MAX_SPANS]
+        branches: list[Branch] = []
+        for rank, text in enumerate(chosen):
+            head = Segment(typed + text[len(nested):], LITERAL,
+                           self.priors.copied_span * 0.5 ** rank)
+            branches += [((head, *rest), ends)
+                         for rest, ends in self._after_value(tool, given, style, depth)]
+        return branches
+
+    def _pattern_rest(self, tool: Tool, parameter: str | None, given: Sequence[str],
+                      typed: str, partial: str, style: JsonStyle, depth: int) -> list[Branch]:
+        """The date or time being typed, continued as the parameter's pattern goes on (its
+        separators, zero minutes and seconds) and closed where the pattern ends."""
+        schema = tool.properties.get(parameter or "", {})
+        branches: list[Branch] = []
+        for pattern in value_patterns(schema):
+            rest = complete_in_pattern(partial, pattern)
+            if rest is None:
+                continue
+            head = Segment(typed + _quoted_inner(rest.text) + ('"' if rest.complete else ""),
+                           PATTERN, self.priors.pattern_rest)
+            if not rest.complete:
+                branches.append(((head,), False))
+                continue
+            branches += [((head, *after), ends)
+                         for after, ends in self._after_value(tool, given, style, depth)]
+        return branches
+
+    def _conversation_strings(self, parameter: str) -> list[tuple[str, float]]:
+        """Likely string values of ``parameter`` from the conversation (quoted text, names,
+        ids, dates) not yet written in this output, with geometrically decreasing priors: those
+        the conversation introduces with the parameter's words first ("the appointment ID is
+        34567890" for ``appointment_id``), then the most recent."""
+        ranked = self._strings_by_parameter.get(parameter)
+        if ranked is None:
+            ranked = self._strings_by_parameter[parameter] = _anchored_first(
+                self._strings, self.conversation, parameter)
+        found = [span for span in ranked if span not in self._used_values]
         return [(span, self.priors.string_share * 0.5 ** i)
                 for i, span in enumerate(found[:_MAX_STRINGS])]
 
@@ -479,6 +549,10 @@ _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 _MAX_NUMBERS = 4
 _MAX_STRINGS = 4
 _MAX_DATES = 4
+_SENTENCE_ENDS = ".!?\n>:"
+_WORD = re.compile(r"[a-z0-9]+")
+_ANCHOR_WINDOW = 48  # characters before a span in which a parameter's words introduce it
+_SENTENCE_BREAK = re.compile(r"[.!?](?:\s|$)|\n")
 _TYPED_YEAR = re.compile(r"((?:19|20)\d\d)\b")
 # Spans that tend to be argument values: quoted text, capitalised names, tokens with digits
 # (ids, dates, times, emails).
@@ -496,13 +570,56 @@ def _latest_message_first(mentions: Sequence[DateMention], text: str) -> list[Da
 
 
 def _value_like_spans(conversation: str) -> list[str]:
-    """Distinct value-like spans, the most recently mentioned first."""
+    """Distinct value-like spans, the most recently mentioned first. A lone capitalised word
+    that opens a sentence ("Sure", "Based", "Please") is capitalised for the sentence's sake,
+    not as a name, unless it is also capitalised inside a sentence somewhere."""
     spans: dict[str, int] = {}
+    sentence_openers: set[str] = set()
+    inside_sentence: set[str] = set()
     for match in _VALUE_LIKE.finditer(conversation):
         span = next(group for group in match.groups() if group is not None).strip().rstrip(".")
-        if len(span) >= 2:
-            spans[span] = match.start()
-    return sorted(spans, key=lambda span: -spans[span])
+        if len(span) < 2:
+            continue
+        if match.group(3) is not None and " " not in span:
+            opens = _opens_sentence(conversation, match.start())
+            (sentence_openers if opens else inside_sentence).add(span)
+        spans[span] = match.start()
+    dropped = sentence_openers - inside_sentence
+    return sorted((s for s in spans if s not in dropped), key=lambda span: -spans[span])
+
+
+def _anchored_first(spans: Sequence[str], conversation: str, parameter: str) -> list[str]:
+    """``spans`` (most recent first) reordered so that those preceded, in their sentence, by
+    more of ``parameter``'s words come first; the order is kept among equals."""
+    words = _words_of(parameter)
+    if not words:
+        return list(spans)
+    lowered = conversation.lower()
+
+    def anchoring(span: str) -> int:
+        best, at = 0, conversation.find(span)
+        while at >= 0:
+            window = lowered[max(0, at - _ANCHOR_WINDOW): at]
+            window = _SENTENCE_BREAK.split(window)[-1]  # the span's own sentence
+            best = max(best, len(words & set(_WORD.findall(window))))
+            at = conversation.find(span, at + 1)
+        return best
+
+    return sorted(spans, key=lambda span: -anchoring(span))
+
+
+def _words_of(identifier: str) -> set[str]:
+    """The lowercase words of a parameter name: ``appointment_id`` and ``appointmentId`` both
+    give {"appointment", "id"}."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", identifier)
+    return {word for word in _WORD.findall(spaced.lower()) if len(word) >= 2}
+
+
+def _opens_sentence(text: str, at: int) -> bool:
+    """Whether ``text[at:]`` starts a sentence: nothing but spaces and markup (``**``, a
+    ``<user>`` tag, a quote) between it and the text's start or a sentence's end."""
+    before = text[:at].rstrip(" \t*\"'")
+    return not before or before[-1] in _SENTENCE_ENDS
 _SPAN_STOPS = '"\n,;:!?()[]{}<>'
 _MAX_SPANS = 3
 

@@ -9,7 +9,9 @@ the drafter cannot spell costs about one verification step per character.
 reads them from the conversation, each date joined with the times said after it in the same
 sentence; ``value_patterns`` finds the spelling a parameter asks for; ``render`` writes a mention
 in a pattern (a mention without a time yields the date part only: the draft stops where the
-conversation stops knowing). Pure text, no state.
+conversation stops knowing); ``complete_in_pattern`` continues a value the model is typing
+through the pattern's separators and the fields a time nearly always leaves at zero (minutes,
+seconds). Pure text, no state.
 """
 
 from __future__ import annotations
@@ -200,3 +202,46 @@ def mentions_written(mentions: Sequence[DateMention], text: str) -> frozenset[in
         index for index, mention in enumerate(mentions)
         if any(all(getattr(mention, f) is None or getattr(mention, f) == getattr(w, f)
                    for f in fields) for w in written))
+
+
+# Digits per numeric directive; minutes, seconds and fractions default to zeros.
+_FIELD_WIDTHS = {"%Y": 4, "%m": 2, "%d": 2, "%H": 2, "%I": 2, "%M": 2, "%S": 2, "%y": 2,
+                 "%j": 3, "%f": 6}
+_ZERO_FIELDS = ("%M", "%S", "%f")
+_DIRECTIVE = re.compile(r"%.")
+
+
+def complete_in_pattern(typed: str, pattern: str) -> DateValue | None:
+    """The rest of a value written in ``pattern`` of which ``typed`` is the start: literal
+    separators, and zeros for minute, second and fraction fields not yet begun (or begun
+    with zeros), up to the first field it cannot know. ``complete`` when it reaches the
+    pattern's end; None when ``typed`` does not fit the pattern, the pattern has a field of
+    varying width (month names, AM/PM), or nothing can be added."""
+    pieces = [piece for piece in re.split(r"(%.)", pattern) if piece]
+    if any(_DIRECTIVE.fullmatch(p) and p not in _FIELD_WIDTHS for p in pieces):
+        return None
+    at, rest = 0, ""
+    for index, piece in enumerate(pieces):
+        if at < len(typed):  # still matching what was typed
+            if piece in _FIELD_WIDTHS:
+                digits = typed[at: at + _FIELD_WIDTHS[piece]]
+                if not digits.isdigit():
+                    return None
+                at += len(digits)
+                if len(digits) < _FIELD_WIDTHS[piece]:  # the model is inside this field
+                    if piece not in _ZERO_FIELDS or digits.strip("0"):
+                        return None
+                    rest = "0" * (_FIELD_WIDTHS[piece] - len(digits))
+                continue
+            overlap = typed[at: at + len(piece)]
+            if not piece.startswith(overlap):
+                return None
+            at += len(overlap)
+            rest = piece[len(overlap):]
+            continue
+        if piece in _FIELD_WIDTHS and piece not in _ZERO_FIELDS:
+            return DateValue(rest, False) if rest else None
+        rest += "0" * _FIELD_WIDTHS[piece] if piece in _FIELD_WIDTHS else piece
+        if index == len(pieces) - 1:
+            return DateValue(rest, True)
+    return DateValue(rest, True) if at == len(typed) else None  # else typed ran past it

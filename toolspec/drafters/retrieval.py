@@ -45,7 +45,7 @@ class LibrarySource:
         self._conversation = ""
         self._tools: frozenset[str] = frozenset()
 
-    def start(self, request: DraftRequest, conversation: str) -> None:
+    def start(self, request: DraftRequest, conversation: str, prompt_text: str) -> None:
         self._tenant = request.tenant
         self._conversation = conversation
         self._tools = frozenset(request.tools.names) if request.tools is not None else frozenset()

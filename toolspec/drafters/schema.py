@@ -6,6 +6,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.drafters.call_grammar import CallGrammar, TextDraft
+from toolspec.drafters.prompt_literals import nested_literals
 from toolspec.drafters.tool_calls import DraftingView, ToolCallDrafter
 from toolspec.formats import CallScanner
 
@@ -22,12 +23,13 @@ class GrammarSource:
         self.chained_choices = chained_choices
         self._grammar: CallGrammar | None = None
 
-    def start(self, request: DraftRequest, conversation: str) -> None:
+    def start(self, request: DraftRequest, conversation: str, prompt_text: str) -> None:
         self._grammar = None
         if request.tools is not None and request.call_format is not None:
             self._grammar = CallGrammar(request.tools, request.call_format,
                                         chained_choices=self.chained_choices,
-                                        conversation=conversation)
+                                        conversation=conversation,
+                                        literals=nested_literals(prompt_text))
 
     def candidates(self, view: DraftingView) -> list[TextDraft]:
         if self._grammar is None:

@@ -64,8 +64,10 @@ class CandidateSource(Protocol):
 
     name: str
 
-    def start(self, request: DraftRequest, conversation: str) -> None:
-        """Begin a request. Mutates: the source's per-request state."""
+    def start(self, request: DraftRequest, conversation: str, prompt_text: str) -> None:
+        """Begin a request: ``conversation`` is the text argument values come from,
+        ``prompt_text`` the whole prompt (tool descriptions included). Mutates: the source's
+        per-request state."""
 
     def candidates(self, view: DraftingView) -> list[TextDraft]:
         """Candidates with probabilities summing to at most 1."""
@@ -109,10 +111,10 @@ class ToolCallDrafter:
         self._tracker = None
         if request.tools is not None and request.call_format is not None:
             self._tracker = OutputTracker(self.tokenizer, request.call_format)
-            conversation = request.conversation or self.tokenizer.decode(
-                request.prompt_ids, skip_special_tokens=True)
+            prompt_text = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True)
+            conversation = request.conversation or prompt_text
             for source in self.sources:
-                source.start(request, conversation)
+                source.start(request, conversation, prompt_text)
         if self.fallback is not None:
             self.fallback.start(request)
 

@@ -178,6 +178,13 @@ class CallScanner:
         return tuple(args.keys) if args else ()
 
     @property
+    def nested_value_start(self) -> int | None:
+        """Offset of the ``{`` or ``[`` of the parameter value being typed, while it is an
+        object or array that is still open."""
+        value = next((frame for frame in self._stack if frame.role is _Role.VALUE), None)
+        return value.start if value else None
+
+    @property
     def arguments_open(self) -> bool:
         """Whether the current call's arguments object has been opened."""
         return self._frame(_Role.ARGS) is not None
