@@ -142,3 +142,12 @@ def test_a_string_for_a_parameter_the_schema_lacks_is_still_drafted() -> None:
     # conversation's values are drafted for it all the same.
     typed = '{"name": "Act", "arguments": {"appointment_id": "90123456", "doctor_name": "'
     assert drafts_from(calls, typed)[0] == 'Dr. Smith"}}'
+
+
+def test_strings_inside_an_array_are_copied_from_the_conversation() -> None:
+    calls = one_tool({"attendees": {"type": "array", "items": {"type": "string"}}},
+                     "<user>Invite John Smith and Jane Doe.</user>")
+    in_array = '{"name": "Act", "arguments": {"attendees": ["John Smith", "Ja'
+    assert 'ne Doe"' in drafts_from(calls, in_array)
+    # A key inside a nested object is not a value: no conversation span is offered for it.
+    assert drafts_from(calls, '{"name": "Act", "arguments": {"attendees": [{"Ja') == []

@@ -239,8 +239,10 @@ class CallGrammar:
         given = scanner.given_parameters
         depth = self.chained_choices
         if state is CallState.VALUE_NESTED and nested_start is not None:
-            return self._copied_literals(tool, scanner.parameter, given, typed,
-                                         scanner.text[nested_start:], style, depth)
+            strings = self._nested_copied_strings(typed, partial) \
+                if partial and not scanner.typing_key else []
+            return strings + self._copied_literals(tool, scanner.parameter, given, typed,
+                                                   scanner.text[nested_start:], style, depth)
         if state is CallState.VALUE_STRING:
             return (self._value_ends_now(tool, given, typed, state, style, depth)
                     + self._copied_spans(tool, given, typed, partial, style, depth)
@@ -389,6 +391,13 @@ class CallGrammar:
         prefix = typed[: len(typed) - len(partial)]
         return [((Segment(prefix, FIXED), *rest), ends) for rest, ends in self._dates_in_pattern(
             tool, schema, given, style, depth, int(match.group(1)))]
+
+    def _nested_copied_strings(self, typed: str, partial: str) -> list[Branch]:
+        """A string inside an object or array value (a list of names, say) is a span of the
+        conversation that starts with what is typed; the draft ends with its closing quote."""
+        spans = _spans_starting_with(self.conversation, partial)
+        return [((Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE,
+                          self.priors.copied_span / len(spans)),), False) for span in spans]
 
     def _copied_literals(self, tool: Tool, parameter: str | None, given: Sequence[str],
                          typed: str, nested: str, style: JsonStyle, depth: int) -> list[Branch]:

@@ -178,6 +178,12 @@ class CallScanner:
         return tuple(args.keys) if args else ()
 
     @property
+    def typing_key(self) -> bool:
+        """Whether the string being typed is an object key (of a call, arguments or a nested
+        value), not a value."""
+        return self._string is not None and self._string_is_key
+
+    @property
     def nested_value_start(self) -> int | None:
         """Offset of the ``{`` or ``[`` of the parameter value being typed, while it is an
         object or array that is still open."""
