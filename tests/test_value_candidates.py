@@ -151,3 +151,15 @@ def test_strings_inside_an_array_are_copied_from_the_conversation() -> None:
     assert 'ne Doe"' in drafts_from(calls, in_array)
     # A key inside a nested object is not a value: no conversation span is offered for it.
     assert drafts_from(calls, '{"name": "Act", "arguments": {"attendees": [{"Ja') == []
+
+
+def test_numbers_follow_the_parameters_words_and_the_digits_typed() -> None:
+    calls = one_tool({"height": {"type": "integer"}, "base": {"type": "integer"}},
+                     "Find the area of a triangle with a base of 10 and a height of 5. "
+                     "Also 123456.")
+    # ``height`` comes first in the schema; the number the query gives it is 5, not the first.
+    assert drafts_from(calls, '{"name": "Act", "arguments": {"height": ')[0] \
+        .startswith('5, "base": ')
+    # A number being typed is one of the conversation's that starts with its digits.
+    typed = '{"name": "Act", "arguments": {"height": 5, "base": 12'
+    assert '3456}}' in drafts_from(calls, typed)

@@ -130,6 +130,7 @@ class CallGrammar:
         self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
         self._strings = _value_like_spans(conversation)
         self._strings_by_parameter: dict[str, list[str]] = {}
+        self._numbers_by_parameter: dict[str, list[str]] = {}
         self._used_values: frozenset[str] = frozenset()
         self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
         self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
@@ -251,7 +252,8 @@ class CallGrammar:
                     + self._pattern_rest(tool, scanner.parameter, given, typed, partial, style,
                                          depth))
         if state is CallState.VALUE_LITERAL and partial[:1] in "-0123456789":
-            return self._value_ends_now(tool, given, typed, state, style, depth)
+            return (self._value_ends_now(tool, given, typed, state, style, depth)
+                    + self._copied_numbers(tool, given, typed, partial, style, depth))
         return []
 
     # ---- grammar pieces (each returns branches written from the relevant anchor) ---------
@@ -346,7 +348,8 @@ class CallGrammar:
             return branches
         branches = [((), False)]  # a free value: the draft stops after the colon
         if kind in ("integer", "number") and depth > 0:
-            for number, share in self._conversation_numbers(kind == "integer"):
+            for number, share in self._conversation_numbers(given[-1] if given else "",
+                                                             kind == "integer"):
                 value = Segment(number, VALUE, share)
                 branches += [((value, *rest), ends)
                              for rest, ends in self._after_value(tool, given, style, depth - 1)]
@@ -454,10 +457,16 @@ class CallGrammar:
         return [(span, self.priors.string_share * 0.5 ** i)
                 for i, span in enumerate(found[:_MAX_STRINGS])]
 
-    def _conversation_numbers(self, integers_only: bool) -> list[tuple[str, float]]:
-        """Numbers of the conversation not yet written in this output, in order of appearance,
-        with geometrically decreasing priors."""
-        found = [n for n in self._numbers
+    def _conversation_numbers(self, parameter: str,
+                              integers_only: bool) -> list[tuple[str, float]]:
+        """Numbers of the conversation not yet written in this output, with geometrically
+        decreasing priors: those its sentences introduce with ``parameter``'s words first
+        ("a height of 5" for ``height``), then in order of appearance."""
+        ranked = self._numbers_by_parameter.get(parameter)
+        if ranked is None:
+            ranked = self._numbers_by_parameter[parameter] = _anchored_first(
+                self._numbers, self.conversation, parameter)
+        found = [n for n in ranked
                  if n not in self._used_values and not (integers_only and "." in n)]
         return [(number, self.priors.number_share * 0.5 ** i)
                 for i, number in enumerate(found[:_MAX_NUMBERS])]
@@ -470,6 +479,18 @@ class CallGrammar:
             return []  # inside an escape: a quote here would be part of the string
         head = Segment(typed + closer, VALUE, self.priors.value_ends_here)
         return [((head, *rest), ends) for rest, ends in self._after_value(tool, given, style, depth)]
+
+    def _copied_numbers(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
+                        style: JsonStyle, depth: int) -> list[Branch]:
+        """The number being typed is one of the conversation's that starts with its digits."""
+        numbers = [n for n in self._numbers if len(n) > len(partial) and n.startswith(partial)]
+        branches: list[Branch] = []
+        for number in numbers[:_MAX_NUMBERS]:
+            head = Segment(typed + number[len(partial):], VALUE,
+                           self.priors.copied_span / min(len(numbers), _MAX_NUMBERS))
+            branches += [((head, *rest), ends)
+                         for rest, ends in self._after_value(tool, given, style, depth)]
+        return branches
 
     def _copied_spans(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
                       style: JsonStyle, depth: int) -> list[Branch]:
@@ -554,7 +575,8 @@ def _known_values(schema: Mapping[str, Any]) -> list[Any]:
     return []
 
 
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+# A number may end a sentence ("a height of 5."), not run into a word or another number.
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
 _MAX_NUMBERS = 4
 _MAX_STRINGS = 4
 _MAX_DATES = 4
