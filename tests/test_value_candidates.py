@@ -4,6 +4,7 @@ import pytest
 
 from toolspec.drafters.call_grammar import LITERAL, PATTERN, CallGrammar, _value_like_spans
 from toolspec.drafters.date_values import DateValue, complete_in_pattern
+from toolspec.drafters import prompt_literals
 from toolspec.drafters.prompt_literals import NestedLiteral, nested_literals
 from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, JsonStyle, get_format
 from toolspec.tools import ToolSet
@@ -163,3 +164,12 @@ def test_numbers_follow_the_parameters_words_and_the_digits_typed() -> None:
     # A number being typed is one of the conversation's that starts with its digits.
     typed = '{"name": "Act", "arguments": {"height": 5, "base": 12'
     assert '3456}}' in drafts_from(calls, typed)
+
+
+def test_the_search_for_literals_is_bounded(monkeypatch) -> None:
+    # Every unclosed bracket is followed to the text's end; the search stops once its budget
+    # of characters is spent, so a prompt full of them costs no more than a fixed amount.
+    text = "[" * 100 + " {'a': 1}"
+    assert nested_literals(text) == [NestedLiteral(None, {"a": 1})]
+    monkeypatch.setattr(prompt_literals, "_MAX_SCANNED", 1_000)
+    assert nested_literals(text) == []

@@ -649,8 +649,10 @@ def _words_of(identifier: str) -> set[str]:
 def _opens_sentence(text: str, at: int) -> bool:
     """Whether ``text[at:]`` starts a sentence: nothing but spaces and markup (``**``, a
     ``<user>`` tag, a quote) between it and the text's start or a sentence's end."""
-    before = text[:at].rstrip(" \t*\"'")
+    before = text[max(0, at - 64): at].rstrip(" \t*\"'")  # a bounded look back
     return not before or before[-1] in _SENTENCE_ENDS
+
+
 _SPAN_STOPS = '"\n,;:!?()[]{}<>'
 _MAX_SPANS = 3
 

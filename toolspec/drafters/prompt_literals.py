@@ -17,6 +17,9 @@ from typing import Any, NamedTuple
 
 _OPENERS = {"{": "}", "[": "]"}
 _MAX_LITERAL = 20_000  # characters; longer bracketed stretches are not read as one literal
+# Characters examined in all, per text: many brackets that never close (code, a run of ``[``)
+# would otherwise each be followed to the end.
+_MAX_SCANNED = 200_000
 
 
 class NestedLiteral(NamedTuple):
@@ -26,14 +29,16 @@ class NestedLiteral(NamedTuple):
 
 def nested_literals(text: str) -> list[NestedLiteral]:
     """Every object and array of every literal in ``text`` (JSON, or a Python literal of
-    dicts, lists, strings, numbers, booleans and None), outermost first, in text order."""
+    dicts, lists, strings, numbers, booleans and None), outermost first, in text order; the
+    search stops after ``_MAX_SCANNED`` characters examined."""
     found: list[NestedLiteral] = []
-    at = 0
-    while at < len(text):
+    at, budget = 0, _MAX_SCANNED
+    while at < len(text) and budget > 0:
         if text[at] not in _OPENERS:
             at += 1
             continue
-        end = _literal_end(text, at)
+        end, examined = _literal_end(text, at)
+        budget -= examined
         value = _parse(text[at:end]) if end is not None else None
         if value is None or not _json_writable(value):
             at += 1
@@ -43,13 +48,15 @@ def nested_literals(text: str) -> list[NestedLiteral]:
     return found
 
 
-def _literal_end(text: str, start: int) -> int | None:
-    """Offset just past the bracket that closes ``text[start]``, skipping quoted strings;
-    None when it is not closed (or mismatched) within ``_MAX_LITERAL`` characters."""
+def _literal_end(text: str, start: int) -> tuple[int | None, int]:
+    """Offset just past the bracket that closes ``text[start]``, skipping quoted strings
+    (None when it is not closed, or mismatched, within ``_MAX_LITERAL`` characters), and how
+    many characters were examined to find out."""
     expected: list[str] = []
     quote: str | None = None
     escaped = False
-    for at in range(start, min(len(text), start + _MAX_LITERAL)):
+    stop = min(len(text), start + _MAX_LITERAL)
+    for at in range(start, stop):
         char = text[at]
         if quote is not None:
             if escaped:
@@ -59,7 +66,7 @@ def _literal_end(text: str, start: int) -> int | None:
             elif char == quote:
                 quote = None
             elif char == "\n":
-                return None  # a quote left open at the end of a line: prose, not a literal
+                return None, at + 1 - start  # a quote open at a line's end: prose
             continue
         if char in "\"'":
             quote = char
@@ -67,10 +74,10 @@ def _literal_end(text: str, start: int) -> int | None:
             expected.append(_OPENERS[char])
         elif char in "}]":
             if not expected or expected.pop() != char:
-                return None
+                return None, at + 1 - start
             if not expected:
-                return at + 1
-    return None
+                return at + 1, at + 1 - start
+    return None, stop - start
 
 
 def _parse(literal: str) -> Any:
