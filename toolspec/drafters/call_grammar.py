@@ -129,8 +129,8 @@ class CallGrammar:
         self._literal_texts: dict[JsonStyle, list[tuple[str | None, str]]] = {}
         self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
         self._strings = _value_like_spans(conversation)
-        self._strings_by_parameter: dict[str, list[str]] = {}
-        self._numbers_by_parameter: dict[str, list[str]] = {}
+        self._strings_ranked: dict[str, list[str]] = {}  # per parameter: ``_ranked_for``
+        self._numbers_ranked: dict[str, list[str]] = {}
         self._used_values: frozenset[str] = frozenset()
         self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
         self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
@@ -330,8 +330,7 @@ class CallGrammar:
                 if depth <= 0:
                     branches.append(((value,), False))
                     continue
-                for rest, ends in self._after_value(tool, given, style, depth - 1):
-                    branches.append(((value, *rest), ends))
+                branches += self._then_next((value,), tool, given, style, depth - 1)
             return branches
         kind = _json_type(schema)
         if kind == "string":
@@ -343,16 +342,14 @@ class CallGrammar:
             for span, share in self._conversation_strings(given[-1] if given else "") \
                     if depth > 0 else ():
                 value = Segment(_quoted_inner(span) + '"', VALUE, share)
-                branches += [((opener, value, *rest), ends)
-                             for rest, ends in self._after_value(tool, given, style, depth - 1)]
+                branches += self._then_next((opener, value), tool, given, style, depth - 1)
             return branches
         branches = [((), False)]  # a free value: the draft stops after the colon
         if kind in ("integer", "number") and depth > 0:
             for number, share in self._conversation_numbers(given[-1] if given else "",
                                                              kind == "integer"):
                 value = Segment(number, VALUE, share)
-                branches += [((value, *rest), ends)
-                             for rest, ends in self._after_value(tool, given, style, depth - 1)]
+                branches += self._then_next((value,), tool, given, style, depth - 1)
         return branches
 
     def _dates_in_pattern(self, tool: Tool, schema: Mapping[str, Any], given: Sequence[str],
@@ -374,8 +371,7 @@ class CallGrammar:
                 branches.append(((Segment(_quoted_inner(text), DATE, share),), False))
                 continue
             value = Segment(_quoted_inner(text) + '"', DATE, share)
-            branches += [((value, *rest), ends)
-                         for rest, ends in self._after_value(tool, given, style, depth - 1)]
+            branches += self._then_next((value,), tool, given, style, depth - 1)
         return branches
 
     def _default_year(self) -> int | None:
@@ -421,8 +417,7 @@ class CallGrammar:
         for rank, text in enumerate(chosen):
             head = Segment(typed + text[len(nested):], LITERAL,
                            self.priors.copied_span * 0.5 ** rank)
-            branches += [((head, *rest), ends)
-                         for rest, ends in self._after_value(tool, given, style, depth)]
+            branches += self._then_next((head,), tool, given, style, depth)
         return branches
 
     def _pattern_rest(self, tool: Tool, parameter: str | None, given: Sequence[str],
@@ -440,8 +435,7 @@ class CallGrammar:
             if not rest.complete:
                 branches.append(((head,), False))
                 continue
-            branches += [((head, *after), ends)
-                         for after, ends in self._after_value(tool, given, style, depth)]
+            branches += self._then_next((head,), tool, given, style, depth)
         return branches
 
     def _conversation_strings(self, parameter: str) -> list[tuple[str, float]]:
@@ -449,24 +443,26 @@ class CallGrammar:
         ids, dates) not yet written in this output, with geometrically decreasing priors: those
         the conversation introduces with the parameter's words first ("the appointment ID is
         34567890" for ``appointment_id``), then the most recent."""
-        ranked = self._strings_by_parameter.get(parameter)
-        if ranked is None:
-            ranked = self._strings_by_parameter[parameter] = _anchored_first(
-                self._strings, self.conversation, parameter)
-        found = [span for span in ranked if span not in self._used_values]
+        found = [span for span in self._ranked_for(parameter, self._strings, self._strings_ranked)
+                 if span not in self._used_values]
         return [(span, self.priors.string_share * 0.5 ** i)
                 for i, span in enumerate(found[:_MAX_STRINGS])]
+
+    def _ranked_for(self, parameter: str, values: list[str],
+                    cache: dict[str, list[str]]) -> list[str]:
+        """``values`` (the conversation's strings or numbers) in ``_anchored_first`` order for
+        ``parameter``. Mutates: ``cache`` (per parameter, for the request)."""
+        ranked = cache.get(parameter)
+        if ranked is None:
+            ranked = cache[parameter] = _anchored_first(values, self.conversation, parameter)
+        return ranked
 
     def _conversation_numbers(self, parameter: str,
                               integers_only: bool) -> list[tuple[str, float]]:
         """Numbers of the conversation not yet written in this output, with geometrically
         decreasing priors: those its sentences introduce with ``parameter``'s words first
         ("a height of 5" for ``height``), then in order of appearance."""
-        ranked = self._numbers_by_parameter.get(parameter)
-        if ranked is None:
-            ranked = self._numbers_by_parameter[parameter] = _anchored_first(
-                self._numbers, self.conversation, parameter)
-        found = [n for n in ranked
+        found = [n for n in self._ranked_for(parameter, self._numbers, self._numbers_ranked)
                  if n not in self._used_values and not (integers_only and "." in n)]
         return [(number, self.priors.number_share * 0.5 ** i)
                 for i, number in enumerate(found[:_MAX_NUMBERS])]
@@ -478,7 +474,7 @@ class CallGrammar:
         if typed.endswith("\\") and closer:
             return []  # inside an escape: a quote here would be part of the string
         head = Segment(typed + closer, VALUE, self.priors.value_ends_here)
-        return [((head, *rest), ends) for rest, ends in self._after_value(tool, given, style, depth)]
+        return self._then_next((head,), tool, given, style, depth)
 
     def _copied_numbers(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
                         style: JsonStyle, depth: int) -> list[Branch]:
@@ -488,8 +484,7 @@ class CallGrammar:
         for number in numbers[:_MAX_NUMBERS]:
             head = Segment(typed + number[len(partial):], VALUE,
                            self.priors.copied_span / min(len(numbers), _MAX_NUMBERS))
-            branches += [((head, *rest), ends)
-                         for rest, ends in self._after_value(tool, given, style, depth)]
+            branches += self._then_next((head,), tool, given, style, depth)
         return branches
 
     def _copied_spans(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
@@ -502,9 +497,14 @@ class CallGrammar:
         branches: list[Branch] = []
         for span in spans:
             head = Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE, share)
-            branches += [((head, *rest), ends)
-                         for rest, ends in self._after_value(tool, given, style, depth)]
+            branches += self._then_next((head,), tool, given, style, depth)
         return branches
+
+    def _then_next(self, value: tuple[Segment, ...], tool: Tool, given: Sequence[str],
+                   style: JsonStyle, depth: int) -> list[Branch]:
+        """``value`` (a parameter's value, closed) followed by each way to go on after it."""
+        return [((*value, *rest), ends)
+                for rest, ends in self._after_value(tool, given, style, depth)]
 
     def _after_value(self, tool: Tool, given: Sequence[str], style: JsonStyle,
                      depth: int) -> list[Branch]:
@@ -589,7 +589,7 @@ _TYPED_YEAR = re.compile(r"((?:19|20)\d\d)\b")
 # (ids, dates, times, emails).
 _VALUE_LIKE = re.compile(
     r"\"([^\"\n]{1,60})\"|'([^'\n]{2,60})'"
-    r"|((?:(?:Dr|Mr|Mrs|Ms|Prof)\.\s?)?[A-Z][\w'&-]*(?:\s+[A-Z][\w'&-]*)*)"
+    r"|(?P<name>(?:(?:Dr|Mr|Mrs|Ms|Prof)\.\s?)?[A-Z][\w'&-]*(?:\s+[A-Z][\w'&-]*)*)"
     r"|([\w.@:/+-]*\d[\w.@:/+-]*)"
 )
 
@@ -611,7 +611,7 @@ def _value_like_spans(conversation: str) -> list[str]:
         span = next(group for group in match.groups() if group is not None).strip().rstrip(".")
         if len(span) < 2:
             continue
-        if match.group(3) is not None and " " not in span:
+        if match.group("name") is not None and " " not in span:
             opens = _opens_sentence(conversation, match.start())
             (sentence_openers if opens else inside_sentence).add(span)
         spans[span] = match.start()
