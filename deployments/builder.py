@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
@@ -27,7 +27,6 @@ from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
@@ -40,19 +39,14 @@ class ModelConfig(_Strict):
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
     draft_budget: int | Literal["auto"] = Field(7, description="nodes verified per step")
-    packed_rows: tuple[int, ...] = Field(
-        DEFAULT_PACKED_ROWS, description="fp32 on CPU: row counts with prepacked linear weights "
-                                         "(cheap verification; [] for stock kernels)")
+    prepack_linear: bool = Field(
+        True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
+                          "cheap verification; false for PyTorch's stock kernels)")
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(8, ge=1)
     session_affinity: bool = True
-
-    @field_validator("packed_rows")
-    @classmethod
-    def _packs_above_stock_sizes(cls, rows: tuple[int, ...]) -> tuple[int, ...]:
-        return normalize_packed_rows(rows)
 
 
 class LibraryConfig(_Strict):
@@ -81,7 +75,7 @@ class AppConfig(_Strict):
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
-                              packed_rows=self.model.packed_rows)
+                              prepack_linear=self.model.prepack_linear)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),

@@ -33,7 +33,6 @@ from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
 from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
                              load_model)
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
 from toolspec.tool_grammar import tool_call_grammar
@@ -46,14 +45,11 @@ class EngineSettings:
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    draft_budget: int | Literal["auto"] = 7  # with the root, 8 rows: a packed size
+    draft_budget: int | Literal["auto"] = 7
     session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
-    # Row counts with prepacked linear weights (fp32 on CPU: cheap verification of up to
-    # max rows; each costs about the weights' memory again). Empty: stock kernels.
-    packed_rows: tuple[int, ...] = DEFAULT_PACKED_ROWS
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "packed_rows", normalize_packed_rows(self.packed_rows))
+    # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
+    # packed copy costs the weights' memory again). False: PyTorch's stock kernels.
+    prepack_linear: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,7 +68,7 @@ class ChatEngine(Protocol):
         """Build the prompt and drafter; nothing runs until ``steps`` is advanced."""
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take new settings of the same model, dtype and packed rows (budgets)."""
+        """Take new settings of the same model, dtype and weight packing (budgets)."""
 
 
 class ToolSpecChatEngine:
@@ -81,7 +77,8 @@ class ToolSpecChatEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.loaded = load_model(settings.model, settings.dtype, packed_rows=settings.packed_rows)
+        self.loaded = load_model(settings.model, settings.dtype,
+                                 prepack_linear=settings.prepack_linear)
         self.engine = _engine(self.loaded, settings.draft_budget)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
         self.suffix_caches = TenantSuffixCaches()

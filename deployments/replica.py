@@ -122,7 +122,7 @@ class ModelServer:
     """The Serve deployment class of model replicas.
 
     ``settings``: the ``EngineSettings`` fields; ``user_config`` (``reconfigure``) may change
-    them later — another model, dtype or packed_rows reloads the engine, the rest applies in
+    them later — another model, dtype or prepack_linear reloads the engine, the rest applies in
     place.
     ``engine_factory`` builds the engine (tests pass a scripted one). ``library``: the
     retrieval actor's handle, or None to draft without retrieval.
@@ -157,6 +157,6 @@ class ModelServer:
             replica.shutdown()
 
 
-def _loaded_as(settings: EngineSettings) -> tuple[str, str, tuple[int, ...]]:
+def _loaded_as(settings: EngineSettings) -> tuple[str, str, bool]:
     """The settings whose change reloads the model (the others apply in place)."""
-    return settings.model, settings.dtype, settings.packed_rows
+    return settings.model, settings.dtype, settings.prepack_linear

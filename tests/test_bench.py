@@ -47,12 +47,12 @@ def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path) -> None:
     config's options (weight packing included), then the Markdown page."""
     config = tmp_path / "report.toml"
     config.write_text(f'model = "smollm2-135m"\ndtype = "fp32"\nmethods = "ar,pld"\n'
-                      f'max_new_tokens = 12\npacked_rows = "none"\n'
+                      f'max_new_tokens = 12\nprepack_linear = false\n'
                       f'out = "{tmp_path / "runs"}"\ndocs = "{tmp_path / "docs"}"\n'
                       f'[[datasets]]\nname = "sample"\ndata = "{sample_path()}"\nlimit = 3\n')
     assert main(["bench", "report", "--config", str(config), "--limit", "1"]) == 0
     results = json.loads((tmp_path / "runs" / "sample" / "results.json").read_text())
-    assert results["items"] == 1 and results["packed_rows"] == []
+    assert results["items"] == 1 and results["prepacked_linear"] is False
     assert set(results["methods"]) == {"ar", "pld"}
     assert "sample" in (tmp_path / "docs" / "report.md").read_text()
 

@@ -236,14 +236,20 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     assert (tmp_path / "png" / "x_first_steps.png").is_file()
     assert main(["bench", "plot", str(tmp_path), "--out", str(tmp_path / "png")]) == 2
     assert "needs results.json" in capsys.readouterr().err
-    assert loaded.packed_rows == "8,16"
-    config.write_text(config.read_text().replace('model = "toy"', 'model = "toy"\npacked_rows = []'))
-    assert load_config(config).packed_rows == "none"
-    for bad in ('["x"]', "[2]", '"8,16"'):  # not a count; a stock-kernel size; not a list
-        config.write_text(config.read_text().replace("packed_rows = []", f"packed_rows = {bad}"))
-        with pytest.raises(ReportConfigError, match="packed_rows"):
+    assert loaded.prepack_linear
+    config.write_text(config.read_text().replace('model = "toy"',
+                                                 'model = "toy"\nprepack_linear = false'))
+    assert not load_config(config).prepack_linear
+    for bad in ('"no"', "0", "[8, 16]"):
+        config.write_text(config.read_text().replace("prepack_linear = false",
+                                                     f"prepack_linear = {bad}"))
+        with pytest.raises(ReportConfigError, match="prepack_linear"):
             load_config(config)
-        config.write_text(config.read_text().replace(f"packed_rows = {bad}", "packed_rows = []"))
+        config.write_text(config.read_text().replace(f"prepack_linear = {bad}",
+                                                     "prepack_linear = false"))
+    config.write_text(config.read_text().replace("prepack_linear = false", "packed_rows = [8]"))
+    with pytest.raises(ReportConfigError, match="packed_rows is gone"):  # the old knob
+        load_config(config)
     config.write_text('methods = "ar"\n')
     with pytest.raises(ReportConfigError, match="missing"):
         load_config(config)

@@ -30,8 +30,7 @@ def test_serve_config_validates_and_matches_the_builder() -> None:
     model = next(d for d in application.deployments if d.name == "ModelServer")
     assert model.request_router_config["request_router_class"] == SESSION_ROUTER
     assert set(model.user_config) == {"model", "dtype", "draft_budget"}
-    assert config.engine_settings().packed_rows == (8, 16)
-    assert config.engine_settings().draft_budget + 1 in config.model.packed_rows
+    assert config.engine_settings().prepack_linear
 
 
 def test_unknown_args_are_rejected_at_deploy_time() -> None:
@@ -39,10 +38,10 @@ def test_unknown_args_are_rejected_at_deploy_time() -> None:
         AppConfig.model_validate({"model": {"modle": "typo"}})
 
 
-def test_packed_rows_must_be_above_the_stock_kernel_sizes() -> None:
-    with pytest.raises(ValidationError, match="above"):
-        AppConfig.model_validate({"model": {"packed_rows": [3, 8]}})
-    config = AppConfig.model_validate({"model": {"packed_rows": [16, 8, 8]}})
-    assert config.engine_settings().packed_rows == (8, 16)
-    stock = AppConfig.model_validate({"model": {"packed_rows": []}})
-    assert stock.engine_settings().packed_rows == ()
+def test_weight_packing_is_a_switch() -> None:
+    stock = AppConfig.model_validate({"model": {"prepack_linear": False}})
+    assert not stock.engine_settings().prepack_linear
+    with pytest.raises(ValidationError, match="prepack_linear"):  # the old per-row-count knob
+        AppConfig.model_validate({"model": {"prepack_linear": [8, 16]}})
+    with pytest.raises(ValidationError, match="packed_rows"):
+        AppConfig.model_validate({"model": {"packed_rows": [8, 16]}})

@@ -114,7 +114,7 @@ def test_openai_client_gets_plain_decodings_calls_from_the_default_model(
     finally:
         serve.delete("real")
 
-    loaded = load_model("qwen2.5-coder-0.5b", "float32", packed_rows=())  # AR: stock kernels
+    loaded = load_model("qwen2.5-coder-0.5b", "float32")  # AR on the replica's kernels
     prompt, call_format = chat_prompt(loaded.tokenizer, messages,
                                       [t.openai() for t in ToolSet.from_openai(tools)])
     reference = Engine(TargetModel(loaded.model), loaded.tokenizer).generate(

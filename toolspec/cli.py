@@ -16,8 +16,6 @@ from toolspec.bench.methods import UnknownMethodError
 from toolspec.datasets import DatasetFormatError
 from toolspec.library import LibraryError
 from toolspec.models import DEFAULT_MODEL, REGISTRY, ModelError
-from toolspec.packed_linear import (DEFAULT_PACKED_ROWS, STOCK_KERNEL_MAX_ROWS,
-                                    normalize_packed_rows)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -26,25 +24,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              f"hub id (default: {DEFAULT_MODEL})")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="auto: bf16 where the hardware runs it fast, else fp32")
-    parser.add_argument("--packed-rows", type=_packed_rows, default=DEFAULT_PACKED_ROWS,
-                        metavar="N,N|none",
-                        help="fp32 on CPU: row counts with prepacked linear weights, which make "
-                             "verifying 4 to max(N) tokens cheap (default: "
-                             f"{','.join(map(str, DEFAULT_PACKED_ROWS))}; none: stock kernels)")
-
-
-def _packed_rows(text: str) -> tuple[int, ...]:
-    if text.strip().lower() == "none":
-        return ()
-    try:
-        rows = normalize_packed_rows(int(part) for part in text.split(",") if part.strip())
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"expected row counts above {STOCK_KERNEL_MAX_ROWS} like 8,16, or none; "
-            f"got {text!r} ({error})") from None
-    if not rows:
-        raise argparse.ArgumentTypeError("--packed-rows needs row counts like 8,16, or none")
-    return rows
+    parser.add_argument("--prepack-linear", action=argparse.BooleanOptionalAction, default=True,
+                        help="fp32 on CPU: linear weights prepacked for oneDNN at load, which "
+                             "makes plain steps faster and verification forwards cheap "
+                             "(default; --no-prepack-linear: PyTorch's stock kernels)")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -60,7 +43,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not items:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
-    loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
+    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
     engines = build_engines(loaded, methods, args.budget, args.draft_at_prefill)
     freeze_loaded_objects()
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
@@ -151,7 +134,8 @@ def _report(args: argparse.Namespace) -> int:
             argv = ["bench", "--model", config.model, "--dtype", config.dtype,
                     "--data", dataset.data, "--methods", config.methods,
                     "--budget", config.budget, "--max-new-tokens", str(config.max_new_tokens),
-                    "--packed-rows", config.packed_rows, "--out", str(config.out / dataset.name)]
+                    "--prepack-linear" if config.prepack_linear else "--no-prepack-linear",
+                    "--out", str(config.out / dataset.name)]
             if dataset.limit is not None:
                 argv += ["--limit", str(dataset.limit)]
             code = _bench(build_parser().parse_args(argv))
@@ -179,7 +163,7 @@ def _cost_curve(args: argparse.Namespace) -> int:
     from toolspec.models import dtype_name, load_model
     from toolspec.target_model import TargetModel
 
-    loaded = load_model(args.model, dtype=args.dtype, packed_rows=args.packed_rows)
+    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
     sizes = [k for k in DEFAULT_SIZES if k <= args.max_k]
     timings = measure_cost_curve(TargetModel(loaded.model), args.prefix, sizes, args.repeats)
     print(f"{loaded.name} {dtype_name(loaded.dtype)}, {args.prefix}-token prefix\n"
@@ -268,7 +252,7 @@ def _bench_library(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from toolspec.demo import run_demo
 
-    return run_demo(args.model, args.dtype, args.items, args.packed_rows)
+    return run_demo(args.model, args.dtype, args.items, args.prepack_linear)
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -75,7 +75,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     """
     machine = describe_machine(loaded.device)
     # Weight packing and the attention function change the curve.
-    kernels = f"|packed={loaded.packed_rows}" if loaded.packed_rows else ""
+    kernels = "|packed=onednn" if loaded.prepacked_linear else ""
     kernels += f"|attention={attention_implementation(loaded.model)}"
     key = hashlib.sha256(
         f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
@@ -93,7 +93,7 @@ def cost_curve_document(loaded: LoadedModel, prefix: int, timings: dict[int, flo
     return {
         "model": loaded.name, "dtype": dtype_name(loaded.dtype), "prefix": prefix,
         "machine": describe_machine(loaded.device),
-        "packed_rows": list(loaded.packed_rows),
+        "prepacked_linear": loaded.prepacked_linear,
         "attention": attention_implementation(loaded.model),
         "seconds": {str(k): t for k, t in timings.items()},
         "relative": {str(k): t / one for k, t in timings.items()},

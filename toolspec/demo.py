@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 from toolspec.bench.methods import parse_methods
 from toolspec.bench.run import build_engines, format_table, run_items, summarize
 from toolspec.datasets import load_apibank, sample_path
 from toolspec.engine import GenerationParams
 from toolspec.models import dtype_name, load_model
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS
 
 
-def run_demo(model: str, dtype: str, count: int,
-             packed_rows: Sequence[int] = DEFAULT_PACKED_ROWS) -> int:
+def run_demo(model: str, dtype: str, count: int, prepack_linear: bool = True) -> int:
     print(f"loading {model} (the first run rebuilds and converts the weights, about a minute)...")
-    loaded = load_model(model, dtype=dtype, packed_rows=packed_rows)
+    loaded = load_model(model, dtype=dtype, prepack_linear=prepack_linear)
     items = load_apibank(sample_path(), limit=count)
     methods = parse_methods("ar,pld,toolspec-schema")
     results = list(run_items(build_engines(loaded, methods), loaded.tokenizer, items, methods,

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.grouped_attention import use_grouped_tree_attention
-from toolspec.packed_linear import (DEFAULT_PACKED_ROWS, normalize_packed_rows, pack_linear_layers,
-                                    packing_available)
+from toolspec.packed_linear import pack_linear_layers, packing_available
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 _MARKER = "toolspec-source.json"
@@ -128,7 +127,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     dtype: torch.dtype
     device: torch.device
-    packed_rows: tuple[int, ...] = ()  # row counts with prepacked linear weights (none: stock)
+    prepacked_linear: bool = False  # linear weights prepacked for oneDNN (fp32 on CPU)
 
 
 def toolspec_home() -> Path:
@@ -348,13 +347,14 @@ def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
-    packed_rows: Sequence[int] = DEFAULT_PACKED_ROWS,
+    prepack_linear: bool = True,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, in eval mode, on ``device``.
 
-    ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise. ``packed_rows``:
-    row counts for which linear weights are prepacked to make verification forwards cheap
-    (``toolspec.packed_linear``; fp32 on CPU only, ignored elsewhere; empty turns it off).
+    ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise.
+    ``prepack_linear``: linear weights are prepacked for oneDNN, which makes plain steps faster
+    and verification forwards cheap (``toolspec.packed_linear``; fp32 on CPU only, ignored
+    elsewhere).
     Tree forwards attend over grouped key/value heads as they are (``toolspec.grouped_attention``).
     """
     device = torch.device(device) if device is not None else default_device()
@@ -364,8 +364,8 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
     use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
-    packed = normalize_packed_rows(packed_rows) if packing_available(device, dtype) else ()
+    packed = prepack_linear and packing_available(device, dtype)
     if packed:
-        pack_linear_layers(model, packed)
+        pack_linear_layers(model)
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, packed_rows=packed)
+                       device=device, prepacked_linear=packed)

@@ -1,98 +1,71 @@
-"""Verification-sized matrix products on CPU: weights prepacked once for a few row counts.
+"""fp32 linear layers on CPU with weights prepacked once for oneDNN.
 
 A verification forward runs every linear layer on a handful of rows (the root plus the draft
-nodes). On x86 CPUs, MKL's fp32 ``linear`` takes a slow path from 4 rows up: it repacks the
-weight on every call, so verifying 8 tokens of the default model costs about three plain steps
-although it reads the same weights. Packing each weight once for a fixed row count (MKL's
-packed GEMM, the routine PyTorch's own CPU compiler uses for frozen weights) and padding the rows
-up to that count makes 4–16 rows cost about 1.3–1.6 plain steps instead, which lets the draft
-budget afford trees twice as large.
+nodes). PyTorch's stock fp32 ``linear`` on CPU is MKL's: one row takes a matrix-vector path,
+two or more a GEMM that repacks the weight on every call, so on two AVX2 cores verifying 2–16
+tokens of the default model costs 2–2.5 plain steps although it reads the same weights. oneDNN
+with each weight reordered once, at load, into its blocked layout (what PyTorch's CPU compiler
+does for frozen weights) verifies 8 tokens for about 1.0 and 16 for about 1.4 stock steps, and
+runs a plain one-row step in ~25 % less time than MKL (measured on an AMD EPYC with AVX2;
+docs/benchmarks.md, "oneDNN linear layers").
 
-One and up to three rows, prefill and anything larger than the biggest pack keep the stock
-kernel: plain decoding (``ar``) runs exactly as before, with its fastest path. Each padded row
-is computed independently of the padding and of the other rows, so a draft node's logits do not
-depend on the rest of its tree.
+Every row count goes through the same primitive and weight layout, and a row's result does not
+depend on how many rows the call has (tested): a draft node's logits are bitwise those of a
+one-row decoding step at the same position, as far as the linear layers go, and a prompt
+prefilled together with a draft tree gets the same keys and values as one prefilled alone.
 
-Cost: one packed copy of every weight per row count (about as much memory as the weights
-again: 2 GB for the 0.5B default model in fp32), made in a second or two when the model loads.
+Cost: one reordered copy of every weight (as much memory as the weights again: 2 GB for the
+0.5B default model in fp32), made in a second or two when the model loads; a long prefill runs
+~6 % slower than with MKL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# Row counts with a packed copy; a call pads up to the smallest that fits.
-DEFAULT_PACKED_ROWS: tuple[int, ...] = (8, 16)
-# Up to this many rows the stock kernel is as fast as a packed one (measured, 0.5B fp32).
-STOCK_KERNEL_MAX_ROWS = 3
-
-
-def normalize_packed_rows(packed_rows: Sequence[int]) -> tuple[int, ...]:
-    """``packed_rows`` sorted without repeats; ValueError if any is a stock-kernel size."""
-    rows = tuple(sorted(set(packed_rows)))
-    if rows and rows[0] <= STOCK_KERNEL_MAX_ROWS:
-        raise ValueError(f"packed row counts must be above {STOCK_KERNEL_MAX_ROWS}, "
-                         f"got {list(rows)}")
-    return rows
+# oneDNN picks the weight's blocked layout for this many rows; the layout then serves every row
+# count (measured: 128 gives the fastest one-row step and prefill of 16, 64 and 128).
+_LAYOUT_ROWS = 128
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """True where packed weights pay and exist: fp32 on a CPU build of torch with MKL."""
+    """True where prepacked weights pay and exist: fp32 on a CPU build of torch with oneDNN."""
     return (
         device.type == "cpu"
         and dtype == torch.float32
-        and torch.backends.mkl.is_available()
-        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` whose 4–max-rows calls use weights prepacked for a fixed row count.
+    """``nn.Linear`` computed by oneDNN from a copy of the weight in oneDNN's own layout.
 
     Holds the original ``weight``/``bias`` parameters (same objects, so the state dict and
-    tied embeddings are unchanged) plus one packed buffer per row count.
+    tied embeddings are unchanged) plus the reordered copy as a buffer.
     """
 
-    def __init__(self, linear: nn.Linear, packed_rows: Sequence[int]) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        rows = normalize_packed_rows(packed_rows)
-        if not rows:
-            raise ValueError("a PackedLinear needs at least one packed row count")
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed_rows = rows
         with torch.no_grad():
-            self._packed = [
-                torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), count)
-                for count in rows
-            ]
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(),
+                                                                   _LAYOUT_ROWS)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        flat = inputs.reshape(-1, self.in_features)
-        count = flat.shape[0]
-        if count <= STOCK_KERNEL_MAX_ROWS or count > self.packed_rows[-1]:
-            return F.linear(inputs, self.weight, self.bias)
-        slot = next(i for i, rows in enumerate(self.packed_rows) if rows >= count)
-        rows = self.packed_rows[slot]
-        if count < rows:
-            flat = torch.cat([flat, flat.new_zeros(rows - count, self.in_features)])
-        out = torch.ops.mkl._mkl_linear(flat, self._packed[slot], self.weight, self.bias, rows)
-        return out[:count].reshape(*inputs.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(inputs, self._packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, packed_rows={self.packed_rows}"
-        )
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, prepacked for oneDNN")
 
 
-def pack_linear_layers(model: nn.Module, packed_rows: Sequence[int] = DEFAULT_PACKED_ROWS) -> int:
+def pack_linear_layers(model: nn.Module) -> int:
     """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear``; return how many.
 
     Mutates: ``model``'s submodules (weights are shared, not copied; packed copies are added).
@@ -103,5 +76,5 @@ def pack_linear_layers(model: nn.Module, packed_rows: Sequence[int] = DEFAULT_PA
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(module, packed_rows))
+        setattr(parent, child, PackedLinear(module))
     return len(targets)

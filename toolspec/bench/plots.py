@@ -17,8 +17,13 @@ from toolspec.bench.growth import growth_points  # noqa: E402
 
 
 def _curve_label(curve: Mapping[str, Any]) -> str:
-    rows = curve.get("packed_rows")
-    kernels = f", packed {'/'.join(map(str, rows))}" if rows else ""
+    rows = curve.get("packed_rows")  # curves before 2026-12-02: MKL packs per row count
+    if curve.get("prepacked_linear"):
+        kernels = ", oneDNN prepacked"
+    elif rows:
+        kernels = f", MKL packed {'/'.join(map(str, rows))}"
+    else:
+        kernels = ", stock kernels" if curve["dtype"] == "fp32" else ""
     return f"{curve['model']} {curve['dtype']}{kernels}"
 
 

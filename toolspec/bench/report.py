@@ -22,7 +22,6 @@ from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state
-from toolspec.packed_linear import DEFAULT_PACKED_ROWS, normalize_packed_rows
 
 BASELINES = ("pld", "samd", "recycling", "suffix")
 FULL_METHOD = "toolspec"
@@ -51,7 +50,7 @@ class ReportConfig:
     max_new_tokens: int = 192
     out: Path = Path("results/report")
     docs: Path = Path("docs")
-    packed_rows: str = ",".join(map(str, DEFAULT_PACKED_ROWS))  # as ``--packed-rows`` takes it
+    prepack_linear: bool = True  # as ``--prepack-linear``
 
     def limited(self, limit: int | None) -> ReportConfig:
         """Every data set capped at ``limit`` items (None: as configured)."""
@@ -80,24 +79,21 @@ def load_config(path: Path) -> ReportConfig:
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ReportConfigError(f"{path}: data set names must be unique: {names}")
+    if "packed_rows" in raw:
+        raise ReportConfigError(f"{path}: packed_rows is gone: linear weights are prepacked for "
+                                f"oneDNN for every row count (prepack_linear = true or false)")
     base = Path(path).parent
     return ReportConfig(datasets, methods, model, str(raw.get("dtype", "auto")),
                         str(raw.get("budget", "auto")), int(raw.get("max_new_tokens", 192)),
                         Path(raw.get("out", "results/report")), Path(raw.get("docs", base)),
-                        _packed_rows(path, raw.get("packed_rows", list(DEFAULT_PACKED_ROWS))))
+                        _prepack_linear(path, raw.get("prepack_linear", True)))
 
 
-def _packed_rows(path: Path, value: Any) -> str:
-    """The config's ``packed_rows`` (a list of row counts, or "none") as ``--packed-rows``
-    takes it, checked as the command line checks it."""
-    if value in ("none", []):
-        return "none"
-    try:
-        rows = normalize_packed_rows([int(count) for count in value])
-    except (TypeError, ValueError) as error:
-        raise ReportConfigError(f'{path}: packed_rows must be a list of row counts like [8, 16] '
-                                f'or "none", got {value!r} ({error})') from None
-    return ",".join(map(str, rows))
+def _prepack_linear(path: Path, value: Any) -> bool:
+    """The config's ``prepack_linear`` (true or false), as ``--prepack-linear`` takes it."""
+    if not isinstance(value, bool):
+        raise ReportConfigError(f"{path}: prepack_linear must be true or false, got {value!r}")
+    return value
 
 
 def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:

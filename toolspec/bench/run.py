@@ -260,7 +260,7 @@ def results_document(
         "dtype": dtype_name(loaded.dtype),
         "items": items,
         "machine": describe_machine(loaded.device),
-        "packed_rows": list(loaded.packed_rows),
+        "prepacked_linear": loaded.prepacked_linear,
         **extra,
         "methods": summary,
     }
@@ -339,8 +339,10 @@ def _milliseconds(value: float | None) -> str:
 
 
 def _kernels(document: Mapping[str, Any]) -> str:
-    rows = document.get("packed_rows")
-    return f", linear weights packed for {'/'.join(map(str, rows))} rows" if rows else ""
+    if document.get("prepacked_linear"):
+        return ", linear weights prepacked for oneDNN"
+    rows = document.get("packed_rows")  # runs before 2026-12-02: MKL packs per row count
+    return f", linear weights packed for {'/'.join(map(str, rows))} rows (MKL)" if rows else ""
 
 
 def format_markdown(document: Mapping[str, Any]) -> str:
