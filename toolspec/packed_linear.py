@@ -44,7 +44,9 @@ class PackedLinear(nn.Module):
     """``nn.Linear`` computed by oneDNN from a copy of the weight in oneDNN's own layout.
 
     Holds the original ``weight``/``bias`` parameters (same objects, so the state dict and
-    tied embeddings are unchanged) plus the reordered copy as a buffer.
+    tied embeddings are unchanged) plus the reordered copy, an opaque oneDNN tensor kept out of
+    the state dict (it cannot be saved or moved to another device: pack after loading, on the
+    CPU, for inference only).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
