@@ -8,7 +8,7 @@ import torch
 
 from toolspec.bench.machine import describe_machine
 from toolspec.bench.methods import UnknownMethodError, parse_methods
-from toolspec.bench.run import first_difference
+from toolspec.bench.run import first_difference, linear_kernels
 from toolspec.cli import main
 from toolspec.datasets import DatasetFormatError, load_apibank, sample_path
 
@@ -138,3 +138,12 @@ def test_the_machine_line_names_the_cpu_kernel_level() -> None:
     line = describe_machine(torch.device("cpu"))
     assert f"({torch.backends.cpu.get_cpu_capability()}" in line
     assert f"torch {torch.__version__}" in line
+
+
+def test_documents_say_how_their_linear_layers_ran() -> None:
+    assert linear_kernels({"dtype": "fp32", "prepacked_linear": True}) == \
+        "linear weights prepacked for oneDNN"
+    assert linear_kernels({"dtype": "fp32", "prepacked_linear": False}) == "stock linear kernels"
+    assert linear_kernels({"dtype": "fp32", "packed_rows": [8, 16]}) == \
+        "linear weights packed for 8/16 rows (MKL)"  # runs recorded before oneDNN packing
+    assert linear_kernels({"dtype": "bf16", "prepacked_linear": False}) == ""

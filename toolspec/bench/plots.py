@@ -14,17 +14,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from toolspec.bench.analysis import HistoryPoint, history_label  # noqa: E402
 from toolspec.bench.growth import growth_points  # noqa: E402
+from toolspec.bench.run import linear_kernels  # noqa: E402
 
 
 def _curve_label(curve: Mapping[str, Any]) -> str:
-    rows = curve.get("packed_rows")  # curves before 2026-12-02: MKL packs per row count
-    if curve.get("prepacked_linear"):
-        kernels = ", oneDNN prepacked"
-    elif rows:
-        kernels = f", MKL packed {'/'.join(map(str, rows))}"
-    else:
-        kernels = ", stock kernels" if curve["dtype"] == "fp32" else ""
-    return f"{curve['model']} {curve['dtype']}{kernels}"
+    kernels = linear_kernels(curve)
+    return f"{curve['model']} {curve['dtype']}" + (f", {kernels}" if kernels else "")
 
 
 def plot_cost_curves(curves: Sequence[Mapping[str, Any]], path: Path) -> None:

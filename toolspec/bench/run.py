@@ -338,18 +338,23 @@ def _milliseconds(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "–"
 
 
-def _kernels(document: Mapping[str, Any]) -> str:
+def linear_kernels(document: Mapping[str, Any]) -> str:
+    """How a ``results.json`` or ``cost_curve.json`` document's fp32 linear layers ran ("" for
+    other dtypes, where the stock kernels are the only ones)."""
     if document.get("prepacked_linear"):
-        return ", linear weights prepacked for oneDNN"
-    rows = document.get("packed_rows")  # runs before 2026-12-02: MKL packs per row count
-    return f", linear weights packed for {'/'.join(map(str, rows))} rows (MKL)" if rows else ""
+        return "linear weights prepacked for oneDNN"
+    rows = document.get("packed_rows")  # documents before 2026-12-02: MKL packs per row count
+    if rows:
+        return f"linear weights packed for {'/'.join(map(str, rows))} rows (MKL)"
+    return "stock linear kernels" if document.get("dtype") == "fp32" else ""
 
 
 def format_markdown(document: Mapping[str, Any]) -> str:
     """A ``results.json`` document as a Markdown table (what docs/benchmarks.md embeds)."""
+    kernels = linear_kernels(document)
     lines = [f"{document['model']} {document['dtype']}, {document['items']} items of "
              f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}"
-             f"{_kernels(document)}; "
+             f"{', ' + kernels if kernels else ''}; "
              f"{document['machine']}", "",
              "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
              "| call accuracy | format adherence | of oracle | draft ms / step "
