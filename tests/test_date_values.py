@@ -2,7 +2,8 @@
 
 import pytest
 
-from toolspec.drafters.call_grammar import DATE, CallGrammar
+from toolspec.drafters.call_grammar import CallGrammar
+from toolspec.drafters.text_drafts import DATE
 from toolspec.drafters.date_values import (DateMention, DateValue, find_date_mentions,
                                            mentions_written, render, value_patterns)
 from toolspec.drafters.style import StyleMemory

@@ -10,7 +10,7 @@ from helpers import tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.datasets import load_apibank, load_bfcl
 from toolspec.drafters import PromptLookupDrafter
-from toolspec.drafters.call_grammar import NAME
+from toolspec.drafters.text_drafts import NAME
 from toolspec.drafters.schema import SchemaDrafter
 from toolspec.formats import CallState, ToolCall, get_format
 from toolspec.models import load_tokenizer
@@ -209,7 +209,8 @@ def test_a_lone_date_keeps_its_share_after_the_opening_quote(qwen_tokenizer) -> 
     share: the bare opening and the other values' branches share that quote with it and must
     not dilute it (each counts once in the quote's mass)."""
     from toolspec.drafters.base import DraftRequest
-    from toolspec.drafters.call_grammar import DATE, GrammarPriors
+    from toolspec.drafters.call_grammar import GrammarPriors
+    from toolspec.drafters.text_drafts import DATE
 
     tools = ToolSet.from_functions([{"name": "AddAlarm", "parameters": {
         "type": "object", "required": ["time"], "properties": {

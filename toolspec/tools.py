@@ -158,6 +158,16 @@ def _tool_from_openai(entry: Mapping[str, Any], index: int) -> Tool:
                            strict))
 
 
+def json_type(schema: Mapping[str, Any]) -> str | None:
+    """A schema's single JSON type (``["string", "null"]`` counts as ``string``), or None when
+    it names none or several."""
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        return kinds[0] if len(kinds) == 1 else None
+    return kind if isinstance(kind, str) else None
+
+
 def _normalized(schema: Mapping[str, Any]) -> dict[str, Any]:
     """BFCL writes ``"type": "dict"`` (and Python type names) where JSON Schema says ``object``."""
     aliases = {"dict": "object", "float": "number", "int": "integer", "str": "string",

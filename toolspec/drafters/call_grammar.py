@@ -7,6 +7,8 @@ the ones before it). Fixed schema text has prior 1; a choice among tool names, p
 members or call endings splits the probability among the options. The caller drops the part the
 model has already typed (candidates that disagree with it are dropped entirely), so one code path
 serves "just after the colon", "half-way through a tool name" and "between parameters".
+Inside an object or array argument, ``NestedValueGrammar`` drafts the elements from the schema
+inside it, with this grammar's conversation values (``scalar_values``) as their candidates.
 
 Pure text; no tokenizer, no model.
 """
@@ -17,74 +19,21 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
                                            find_date_mentions, mentions_written, render,
                                            value_patterns)
+from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
 from toolspec.drafters.prompt_literals import NestedLiteral
+from toolspec.drafters.text_drafts import (CLOSE, DATE, FIXED, LITERAL, NAME, OPEN, PARAM,
+                                           PATTERN, VALUE, Branch, Segment, TextDraft, scaled)
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
-from toolspec.tools import Tool, ToolSet
+from toolspec.tools import Tool, ToolSet, json_type
 
 # Nesting levels of the two objects of a call, for indented styles.
 _CALL_LEVEL = 1
 _ARGS_LEVEL = 2
-
-FIXED = "schema/fixed"
-OPEN = "schema/open"
-NAME = "schema/name"
-PARAM = "schema/param"
-VALUE = "schema/value"
-DATE = "schema/date"  # a date or time of the conversation, spelled as the schema asks
-PATTERN = "schema/pattern"  # the rest of a date or time being typed, as its pattern goes on
-LITERAL = "schema/literal"  # an object or array value the prompt spells out (its own schema)
-CLOSE = "schema/close"
-
-
-@dataclass(frozen=True)
-class Segment:
-    text: str
-    source: str
-    prior: float = 1.0
-
-
-@dataclass(frozen=True)
-class TextDraft:
-    """One candidate continuation; ``ends_output`` means the end-of-sequence token follows it."""
-
-    segments: tuple[Segment, ...]
-    ends_output: bool = False
-
-    @cached_property
-    def text(self) -> str:
-        return "".join(segment.text for segment in self.segments)
-
-    @cached_property
-    def probability(self) -> float:
-        product = 1.0
-        for segment in self.segments:
-            product *= segment.prior
-        return product
-
-    def after(self, typed: str) -> TextDraft | None:
-        """This draft with ``typed`` (a prefix of its text) removed; None if it disagrees."""
-        if not self.text.startswith(typed):
-            return None
-        remaining, kept = len(typed), []
-        for segment in self.segments:
-            if remaining == 0:
-                kept.append(segment)
-            elif remaining >= len(segment.text):
-                remaining -= len(segment.text)  # typed in full: the model already chose it
-            else:
-                kept.append(Segment(segment.text[remaining:], segment.source, segment.prior))
-                remaining = 0
-        return TextDraft(tuple(kept), self.ends_output)
-
-
-Branch = tuple[tuple[Segment, ...], bool]  # segments, ends_output
-
 
 @dataclass(frozen=True)
 class GrammarPriors:
@@ -176,7 +125,7 @@ class CallGrammar:
             if structural is None:
                 structural = self._cache[key] = self._branches(scanner, style)
             for segments, ends in structural + self._typed_value_branches(scanner, style):
-                drafts.append(TextDraft(_scaled(segments, style_prior), ends))
+                drafts.append(TextDraft(scaled(segments, style_prior), ends))
         return drafts
 
     def _branches(self, scanner: CallScanner, style: JsonStyle) -> list[Branch]:
@@ -221,7 +170,7 @@ class CallGrammar:
             return self._close_call(style, depth)
         if state in (CallState.PARAM_COLON, CallState.VALUE_STRING, CallState.VALUE_LITERAL):
             schema = tool.properties.get(scanner.parameter or "", {})
-            if state is CallState.VALUE_STRING and _json_type(schema) is None:
+            if state is CallState.VALUE_STRING and json_type(schema) is None:
                 # The model opened a string for a parameter the schema does not type (or
                 # does not have): draft it as a string.
                 schema = {**schema, "type": "string"}
@@ -240,10 +189,9 @@ class CallGrammar:
         given = scanner.given_parameters
         depth = self.chained_choices
         if state is CallState.VALUE_NESTED and nested_start is not None:
-            strings = self._nested_copied_strings(typed, partial) \
-                if partial and not scanner.typing_key else []
-            return strings + self._copied_literals(tool, scanner.parameter, given, typed,
-                                                   scanner.text[nested_start:], style, depth)
+            return (self._nested_elements(tool, scanner, style, depth)
+                    + self._copied_literals(tool, scanner.parameter, given, typed,
+                                            scanner.text[nested_start:], style, depth))
         if state is CallState.VALUE_STRING:
             return (self._value_ends_now(tool, given, typed, state, style, depth)
                     + self._copied_spans(tool, given, typed, partial, style, depth)
@@ -306,7 +254,7 @@ class CallGrammar:
         for name, share in options:
             if name is None:
                 for rest, ends in self._close_arguments(style, depth, empty=not given):
-                    branches.append((_scaled(rest, share), ends))
+                    branches.append((scaled(rest, share), ends))
                 continue
             head = Segment(gap + json.dumps(name, ensure_ascii=False), PARAM, share)
             schema = tool.properties.get(name, {})
@@ -332,7 +280,7 @@ class CallGrammar:
                     continue
                 branches += self._then_next((value,), tool, given, style, depth - 1)
             return branches
-        kind = _json_type(schema)
+        kind = json_type(schema)
         if kind == "string":
             opener = Segment('"', FIXED)
             branches = [((opener,), False)]
@@ -345,6 +293,11 @@ class CallGrammar:
                 branches += self._then_next((opener, value), tool, given, style, depth - 1)
             return branches
         branches = [((), False)]  # a free value: the draft stops after the colon
+        if kind in ("object", "array") and depth > 0:
+            nested = NestedValueGrammar(self, style, _ARGS_LEVEL)
+            branches += self._after_nested(
+                nested.from_value_start(schema, given[-1] if given else "", depth),
+                tool, given, style)
         if kind in ("integer", "number") and depth > 0:
             for number, share in self._conversation_numbers(given[-1] if given else "",
                                                              kind == "integer"):
@@ -391,12 +344,65 @@ class CallGrammar:
         return [((Segment(prefix, FIXED), *rest), ends) for rest, ends in self._dates_in_pattern(
             tool, schema, given, style, depth, int(match.group(1)))]
 
-    def _nested_copied_strings(self, typed: str, partial: str) -> list[Branch]:
-        """A string inside an object or array value (a list of names, say) is a span of the
-        conversation that starts with what is typed; the draft ends with its closing quote."""
-        spans = _spans_starting_with(self.conversation, partial)
-        return [((Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE,
-                          self.priors.copied_span / len(spans)),), False) for span in spans]
+    def _nested_elements(self, tool: Tool, scanner: CallScanner, style: JsonStyle,
+                         depth: int) -> list[Branch]:
+        """Inside an object or array value: its elements as the parameter's schema describes
+        them (``NestedValueGrammar``), then the rest of the call once it closes."""
+        parameter = scanner.parameter or ""
+        typing = Typing(scanner.partial, scanner.typing_string) \
+            if (scanner.partial or scanner.typing_string) and not scanner.typing_key else None
+        nested = NestedValueGrammar(self, style, _ARGS_LEVEL)
+        return self._after_nested(
+            nested.from_anchor(tool.properties.get(parameter, {}), parameter,
+                               scanner.nested_containers, typing, depth),
+            tool, scanner.given_parameters, style)
+
+    def _after_nested(self, branches: Sequence[NestedBranch], tool: Tool, given: Sequence[str],
+                      style: JsonStyle) -> list[Branch]:
+        """Nested-value ``branches``, those that close the value followed by the next
+        parameter's name (or the end of the arguments)."""
+        out: list[Branch] = []
+        for segments, closes in branches:
+            if closes:
+                out += self._then_next(segments, tool, given, style, 0)
+            elif segments:
+                out.append((segments, False))
+        return out
+
+    # ``ScalarValues`` for the nested-value grammar (element values inside objects and arrays):
+    # the same conversation values as a parameter's, as JSON text.
+
+    def scalar_values(self, schema: Mapping[str, Any], name: str,
+                      taken: frozenset[str]) -> list[tuple[str, float]]:
+        known = [json.dumps(v, ensure_ascii=False) for v in _known_values(schema)]
+        if known:
+            # An enum member rarely repeats in one list (but a list of booleans may).
+            fresh = [text for text in known if text not in taken] or known
+            return [(text, 1.0 / len(fresh)) for text in fresh]
+        kind = json_type(schema)
+        strings = [(f'"{_quoted_inner(span)}"', prior)
+                   for span, prior in self._conversation_strings(name)] \
+            if kind in ("string", None) else []
+        numbers = self._conversation_numbers(name, kind == "integer") \
+            if kind in ("integer", "number", None) else []
+        untyped_share = 0.5 if kind is None else 1.0  # strings or numbers: split between them
+        return [(text, prior * untyped_share) for text, prior in strings + numbers
+                if text not in taken]
+
+    def typed_scalar_values(self, schema: Mapping[str, Any], partial: str,
+                            in_string: bool) -> list[tuple[str, float]]:
+        if in_string:
+            spans = _spans_starting_with(self.conversation, partial) if partial else []
+            # Unlike a parameter's string, an element's is not drafted to end at any point:
+            # inside a list, that guess costs more nodes than it wins.
+            return [(f'"{_quoted_inner(span)}"', self.priors.copied_span / len(spans))
+                    for span in spans]
+        numbers = [n for n in self._numbers if len(n) > len(partial) and n.startswith(partial)]
+        numbers = numbers[:_MAX_NUMBERS]
+        values = [(n, self.priors.copied_span / len(numbers)) for n in numbers]
+        if _NUMBER.fullmatch(partial):
+            values.append((partial, self.priors.value_ends_here))
+        return values
 
     def _copied_literals(self, tool: Tool, parameter: str | None, given: Sequence[str],
                          typed: str, nested: str, style: JsonStyle, depth: int) -> list[Branch]:
@@ -541,24 +547,9 @@ class CallGrammar:
         return branches
 
 
-def _scaled(segments: Sequence[Segment], factor: float) -> tuple[Segment, ...]:
-    if not segments or factor == 1.0:
-        return tuple(segments)
-    first = segments[0]
-    return (Segment(first.text, first.source, first.prior * factor), *segments[1:])
-
-
 def _quoted_inner(text: str) -> str:
     """``text`` as it appears between JSON quotes (escaped)."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
-def _json_type(schema: Mapping[str, Any]) -> str | None:
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        return kinds[0] if len(kinds) == 1 else None
-    return kind if isinstance(kind, str) else None
 
 
 def _known_values(schema: Mapping[str, Any]) -> list[Any]:
@@ -567,7 +558,7 @@ def _known_values(schema: Mapping[str, Any]) -> list[Any]:
         return [schema["const"]]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return list(schema["enum"])
-    kind = _json_type(schema)
+    kind = json_type(schema)
     if kind == "boolean":
         return [True, False]
     if kind == "null":

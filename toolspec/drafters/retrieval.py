@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters.base import DraftRequest, Drafter
-from toolspec.drafters.call_grammar import CLOSE, Segment, TextDraft
 from toolspec.drafters.schema import GrammarSource
+from toolspec.drafters.text_drafts import CLOSE, Segment, TextDraft
 from toolspec.drafters.tool_calls import DraftingView, ToolCallDrafter
 from toolspec.formats import CallScanner, CallState, ToolCall
 from toolspec.library import CallLibrary, LibraryError, LibraryMatch

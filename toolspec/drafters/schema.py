@@ -5,8 +5,9 @@ from __future__ import annotations
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters.base import DraftRequest, Drafter
-from toolspec.drafters.call_grammar import CallGrammar, TextDraft
+from toolspec.drafters.call_grammar import CallGrammar
 from toolspec.drafters.prompt_literals import nested_literals
+from toolspec.drafters.text_drafts import TextDraft
 from toolspec.drafters.tool_calls import DraftingView, ToolCallDrafter
 from toolspec.formats import CallScanner
 

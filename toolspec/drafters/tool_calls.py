@@ -17,8 +17,8 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.draft_tree import DraftTree, WeightedDraft
 from toolspec.drafters.base import DraftRequest, Drafter
-from toolspec.drafters.call_grammar import CLOSE, Segment, TextDraft
 from toolspec.drafters.style import StyleMemory
+from toolspec.drafters.text_drafts import CLOSE, TextDraft, scaled
 from toolspec.formats import CallFormat, CallScanner, JsonStyle
 from toolspec.logit_feedback import logits_observer
 from toolspec.token_continuation import TokenContinuer, TokenizedContinuation
@@ -189,7 +189,7 @@ class ToolCallDrafter:
             for draft in candidates:
                 remainder = draft.after(typed)
                 if remainder is not None and (remainder.text or remainder.ends_output):
-                    drafts.append(_scaled(remainder, share))
+                    drafts.append(TextDraft(scaled(remainder.segments, share), remainder.ends_output))
         drafts.sort(key=lambda d: -d.probability)
         return drafts[: self.max_candidates]
 
@@ -220,11 +220,3 @@ class ToolCallDrafter:
         if not ids:
             return None
         return WeightedDraft(tuple(ids), tuple(sources), tuple(reaches), tuple(choices))
-
-
-def _scaled(draft: TextDraft, factor: float) -> TextDraft:
-    if factor == 1.0 or not draft.segments:
-        return draft
-    first, *rest = draft.segments
-    return TextDraft((Segment(first.text, first.source, first.prior * factor), *rest),
-                     draft.ends_output)

@@ -8,7 +8,7 @@ from toolspec.formats.base import (COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE,
 from toolspec.formats.hermes import HermesFormat
 from toolspec.formats.json_calls import JsonFormat
 from toolspec.formats.llama3 import Llama3JsonFormat
-from toolspec.formats.scanner import CallScanner, CallState
+from toolspec.formats.scanner import CallScanner, CallState, NestedAnchor, NestedContainer
 
 FORMATS: dict[str, CallFormat] = {
     f.name: f for f in (HermesFormat(), JsonFormat(), ApiBankFormat(), Llama3JsonFormat())
@@ -48,6 +48,6 @@ def detect_format(prompt_text: str, chat_template: str | None = None) -> CallFor
 
 __all__ = [
     "COMPACT_STYLE", "DEFAULT_STYLE", "FORMATS", "INDENTED_STYLE", "CallFormat", "CallScanner", "CallState",
-    "JsonStyle", "ToolCall", "UnknownFormatError", "detect_format", "get_format",
+    "JsonStyle", "NestedAnchor", "NestedContainer", "ToolCall", "UnknownFormatError", "detect_format", "get_format",
     "parse_arguments_json",
 ]

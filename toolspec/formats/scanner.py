@@ -41,6 +41,25 @@ class _Expect(Enum):
     COMMA = "comma"  # comma or close
 
 
+class NestedAnchor(Enum):
+    """Where, inside an open object or array, the last completed element left off."""
+
+    OPENED = "opened"  # just after its bracket
+    AFTER_KEY = "after_key"  # an object's key done; its value (or the colon) comes next
+    AFTER_ELEMENT = "after_element"  # a value done; a comma and more, or the closing bracket
+
+
+@dataclass(frozen=True)
+class NestedContainer:
+    """One open object or array of the parameter value being typed (outermost first)."""
+
+    is_object: bool
+    key: str | None  # an object's key being written or whose value is being written
+    keys: tuple[str, ...]  # an object's keys so far
+    scalars: tuple[str, ...]  # its string, number and literal values so far, as JSON text
+    anchor: NestedAnchor  # where ``CallScanner.anchor`` sits, when this is the innermost one
+
+
 class _Role(Enum):
     CALL = "call"
     ARGS = "args"
@@ -58,6 +77,8 @@ class _Frame:
     key: str | None = None  # the key being written or whose value is being written
     keys: list[str] = field(default_factory=list)
     name: str | None = None  # a call frame's tool name, once complete
+    values: int = 0  # values completed in it (an array's elements, an object's values)
+    scalars: list[str] = field(default_factory=list)  # its string and literal values, as JSON
 
 
 @dataclass(frozen=True)
@@ -184,11 +205,37 @@ class CallScanner:
         return self._string is not None and self._string_is_key
 
     @property
+    def typing_string(self) -> bool:
+        """Whether a string (key or value) is being typed: its opening quote is in the text."""
+        return self._string is not None
+
+    @property
     def nested_value_start(self) -> int | None:
         """Offset of the ``{`` or ``[`` of the parameter value being typed, while it is an
         object or array that is still open."""
         value = next((frame for frame in self._stack if frame.role is _Role.VALUE), None)
         return value.start if value else None
+
+    @property
+    def nested_containers(self) -> tuple[NestedContainer, ...]:
+        """The open objects and arrays of the parameter value being typed, outermost first
+        (empty outside such a value)."""
+        return tuple(NestedContainer(frame.is_object, frame.key, tuple(frame.keys),
+                                     tuple(frame.scalars), self._nested_anchor(frame))
+                     for frame in self._stack if frame.role is _Role.VALUE)
+
+    def _nested_anchor(self, frame: _Frame) -> NestedAnchor:
+        if frame is not self._stack[-1]:
+            return NestedAnchor.AFTER_KEY if frame.is_object else NestedAnchor.AFTER_ELEMENT
+        if frame.is_object:
+            typing_key = self._string is not None and self._string_is_key
+            if frame.expect is _Expect.KEY or typing_key:
+                return NestedAnchor.AFTER_ELEMENT if frame.keys else NestedAnchor.OPENED
+            return NestedAnchor.AFTER_ELEMENT if frame.expect is _Expect.COMMA \
+                else NestedAnchor.AFTER_KEY
+        if frame.expect is _Expect.COMMA or frame.values:
+            return NestedAnchor.AFTER_ELEMENT
+        return NestedAnchor.OPENED
 
     @property
     def arguments_open(self) -> bool:
@@ -236,6 +283,8 @@ class CallScanner:
             if char in _LITERAL_CHARS:
                 self._literal.append(char)
                 return
+            if self._stack:
+                self._stack[-1].scalars.append("".join(self._literal))
             self._literal = None
             self.anchor = len(self.text)
             self._value_done()
@@ -335,6 +384,7 @@ class CallScanner:
             else:
                 if frame.role is _Role.CALL and frame.key == "name":
                     frame.name = value
+                frame.scalars.append(json.dumps(value, ensure_ascii=False))
                 self._value_done()
         else:
             self._string.append(char)
@@ -342,6 +392,7 @@ class CallScanner:
     def _value_done(self) -> None:
         if self._stack:
             self._stack[-1].expect = _Expect.COMMA
+            self._stack[-1].values += 1
 
     def _close(self, char: str) -> None:
         frame = self._stack[-1]
