@@ -7,8 +7,8 @@ continues such a value from where the scanner's anchor left off inside it: the b
 commas, keys and closing the schema fixes, and element values from a ``ScalarValues`` source
 (the conversation's numbers and names, enum members). Each element value is a choice point;
 "another element or the end" splits a branch without counting as one, and a branch out of
-choices closes its containers. A branch that closes the outermost bracket says so, and the
-caller goes on with the rest of the call.
+choices stops there, or closes the array it is in. A branch that closes the outermost bracket
+says so, and the caller goes on with the rest of the call.
 
 Pure text; no tokenizer, no model.
 """
@@ -145,7 +145,8 @@ class NestedValueGrammar:
         for text, prior in options:
             best[text] = max(prior, best.get(text, 0.0))  # offered twice: its likelier reason
         branches: list[NestedBranch] = []
-        for text, prior in sorted(best.items(), key=lambda option: -option[1])[:_MAX_ELEMENT_OPTIONS]:
+        likeliest = sorted(best.items(), key=lambda option: -option[1])[:_MAX_ELEMENT_OPTIONS]
+        for text, prior in likeliest:
             rest = self._after_element(path, parameter, depth - 1, taken | {text}, None) \
                 if path else [((), True)]
             if typing is not None and text == typing.partial:
@@ -197,9 +198,11 @@ class NestedValueGrammar:
             # Free-form keys are not drafted, only the layout up to the next key's quote.
             if first:
                 return [((Segment(gap + '"', FIXED),), False)]
+            if depth <= 0:
+                return [((), False)]
             share = self.priors.close_when_complete
-            return [((Segment(gap + '"', FIXED, 1 - share),), False)] \
-                + self._close(path, parameter, depth - 1, share) if depth > 0 else [((), False)]
+            return [((Segment(gap + '"', FIXED, 1 - share),), False),
+                    *self._close(path, parameter, depth - 1, share)]
         chosen = depth - 1 if len(options) > 1 else depth
         if chosen < 0:
             return [((), False)]

@@ -189,7 +189,8 @@ class ToolCallDrafter:
             for draft in candidates:
                 remainder = draft.after(typed)
                 if remainder is not None and (remainder.text or remainder.ends_output):
-                    drafts.append(TextDraft(scaled(remainder.segments, share), remainder.ends_output))
+                    drafts.append(TextDraft(scaled(remainder.segments, share),
+                                            remainder.ends_output))
         drafts.sort(key=lambda d: -d.probability)
         return drafts[: self.max_candidates]
 
