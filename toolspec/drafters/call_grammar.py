@@ -392,14 +392,11 @@ class CallGrammar:
     def typed_scalar_values(self, schema: Mapping[str, Any], partial: str,
                             in_string: bool) -> list[tuple[str, float]]:
         if in_string:
-            spans = _spans_starting_with(self.conversation, partial) if partial else []
             # Unlike a parameter's string, an element's is not drafted to end at any point:
             # inside a list, that guess costs more nodes than it wins.
-            return [(f'"{_quoted_inner(span)}"', self.priors.copied_span / len(spans))
-                    for span in spans]
-        numbers = [n for n in self._numbers if len(n) > len(partial) and n.startswith(partial)]
-        numbers = numbers[:_MAX_NUMBERS]
-        values = [(n, self.priors.copied_span / len(numbers)) for n in numbers]
+            return [(f'"{_quoted_inner(span)}"', share)
+                    for span, share in self._typed_spans(partial)]
+        values = self._typed_numbers(partial)
         if _NUMBER.fullmatch(partial):
             values.append((partial, self.priors.value_ends_here))
         return values
@@ -485,26 +482,31 @@ class CallGrammar:
     def _copied_numbers(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
                         style: JsonStyle, depth: int) -> list[Branch]:
         """The number being typed is one of the conversation's that starts with its digits."""
-        numbers = [n for n in self._numbers if len(n) > len(partial) and n.startswith(partial)]
         branches: list[Branch] = []
-        for number in numbers[:_MAX_NUMBERS]:
-            head = Segment(typed + number[len(partial):], VALUE,
-                           self.priors.copied_span / min(len(numbers), _MAX_NUMBERS))
+        for number, share in self._typed_numbers(partial):
+            head = Segment(typed + number[len(partial):], VALUE, share)
             branches += self._then_next((head,), tool, given, style, depth)
         return branches
 
     def _copied_spans(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
                       style: JsonStyle, depth: int) -> list[Branch]:
         """The string value is a span of the conversation that starts with what is typed."""
-        spans = _spans_starting_with(self.conversation, partial)
-        if not spans:
-            return []
-        share = self.priors.copied_span / len(spans)
         branches: list[Branch] = []
-        for span in spans:
+        for span, share in self._typed_spans(partial):
             head = Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE, share)
             branches += self._then_next((head,), tool, given, style, depth)
         return branches
+
+    def _typed_numbers(self, partial: str) -> list[tuple[str, float]]:
+        """The conversation's numbers that go on from the digits typed, sharing ``copied_span``."""
+        numbers = [n for n in self._numbers
+                   if len(n) > len(partial) and n.startswith(partial)][:_MAX_NUMBERS]
+        return [(number, self.priors.copied_span / len(numbers)) for number in numbers]
+
+    def _typed_spans(self, partial: str) -> list[tuple[str, float]]:
+        """The conversation's spans that go on from the string typed, sharing ``copied_span``."""
+        spans = _spans_starting_with(self.conversation, partial) if partial else []
+        return [(span, self.priors.copied_span / len(spans)) for span in spans]
 
     def _then_next(self, value: tuple[Segment, ...], tool: Tool, given: Sequence[str],
                    style: JsonStyle, depth: int) -> list[Branch]:
