@@ -52,6 +52,43 @@ def test_expensive_verification_takes_nothing_unlikely() -> None:
     assert len(budget.select(chain(63, 0.995))) == 63
 
 
+def certain(budget: CostAwareBudget) -> CostAwareBudget:
+    """``budget`` with its calibration pinned to the drafters' priors."""
+    budget.calibration = AcceptanceCalibration(smoothing=1e9)
+    return budget
+
+
+def test_a_node_is_kept_when_its_reach_beats_the_rate_times_its_cost() -> None:
+    """At 0.1 of a step per node and a rate of 3 tokens per step, a node must be accepted
+    with more than 0.3 probability, whatever else the tree holds: a good step keeps a 0.35
+    node that would lower its own tokens-per-cost ratio, a poor step drops a 0.25 node that
+    would raise its ratio."""
+    budget = certain(CostAwareBudget(CostModel.linear(0.1), prior_rate=3.0))
+    good = DraftTree.from_weighted([
+        WeightedDraft((1, 2, 3, 4), ("s",) * 4, (0.99, 0.98, 0.97, 0.35))])
+    assert len(budget.select(good)) == 4  # ratio at 3 nodes: 3.94 / 1.3 = 3.03 > 4.29 / 1.4
+    poor = DraftTree.from_weighted([WeightedDraft((1,), ("s",), (0.25,))])
+    assert len(budget.select(poor)) == 0  # though 1.25 / 1.1 > 1 / 1
+
+
+def test_the_rate_is_learned_from_decoding_steps_only() -> None:
+    budget = certain(CostAwareBudget(CostModel.linear(0.1), prior_rate=2.0, prior_weight=1.0))
+    tree = chain(8, 0.99)
+    assert budget.rate == pytest.approx(2.0)
+    budget.observe(tree, list(range(8)), rides_on_prefill=True)  # the prompt's forward
+    assert budget.rate == pytest.approx(2.0)
+    for _ in range(200):  # steps that verify 9 tokens (cost 1.8) and emit 9
+        budget.observe(tree, list(range(8)))
+    assert budget.rate == pytest.approx(9 / 1.8, rel=0.01)
+    # At 5 tokens per step, a node must be accepted with more than 0.5: the chain stops
+    # where its reach (0.8 ** depth) falls below.
+    assert len(budget.select(chain(8, 0.8))) == 3
+    for _ in range(2000):  # steps that verify 9 tokens and emit 1: the rate falls, trees grow
+        budget.observe(tree, [])
+    assert budget.rate == pytest.approx(1 / 1.8, rel=0.01)
+    assert len(budget.select(chain(8, 0.8))) == 8
+
+
 def test_selection_is_always_a_connected_subtree() -> None:
     drafts = [
         WeightedDraft((1, 2, 3), ("s",) * 3, (0.6, 0.6, 0.6)),

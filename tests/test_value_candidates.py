@@ -7,7 +7,7 @@ from toolspec.drafters.text_drafts import LITERAL, PATTERN
 from toolspec.drafters.date_values import DateValue, complete_in_pattern
 from toolspec.drafters import prompt_literals
 from toolspec.drafters.prompt_literals import NestedLiteral, nested_literals
-from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, JsonStyle, get_format
+from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE, JsonStyle, get_format
 from toolspec.tools import ToolSet
 
 DATE_TIME = "%Y-%m-%d %H:%M:%S"
@@ -127,6 +127,17 @@ def test_a_parameters_own_schema_is_drafted_once_the_model_begins_writing_it() -
     assert drafts_from(calls, '{"name": "Act", "arguments": {"token": {"kind', LITERAL) == []
 
 
+def test_an_object_the_prompt_spells_out_is_laid_out_at_its_depth_in_an_indented_call() -> None:
+    prompt = "Average John's scores {'math':90, 'science':75} and grades ['A', 'B']."
+    calls = one_tool({"gradeDict": {"type": "object"}, "grades": {"type": "array"}},
+                     literals=nested_literals(prompt))
+    opened = '{\n  "name": "Act",\n  "arguments": {\n    "gradeDict": {'
+    drafts = drafts_from(calls, opened, LITERAL, INDENTED_STYLE)
+    assert drafts[0].startswith('\n      "math": 90,\n      "science": 75\n    },\n    "grades"')
+    listed = opened + '\n      "math": 90,\n      "science": 75\n    },\n    "grades": ['
+    assert drafts_from(calls, listed, LITERAL, INDENTED_STYLE)[0].startswith('"A", "B"]\n  }')
+
+
 def test_the_scanner_knows_where_a_nested_value_began() -> None:
     scanner = get_format("json").scanner()
     scanner.feed('{"name": "Act", "arguments": {"token": ')
@@ -165,6 +176,15 @@ def test_numbers_follow_the_parameters_words_and_the_digits_typed() -> None:
     # A number being typed is one of the conversation's that starts with its digits.
     typed = '{"name": "Act", "arguments": {"height": 5, "base": 12'
     assert '3456}}' in drafts_from(calls, typed)
+
+
+def test_a_snake_case_value_goes_on_with_the_conversations_words() -> None:
+    calls = one_tool({"fields": {"type": "array", "items": {"type": "string"}}},
+                     "Get his points per game, assists, and minutes per game.")
+    assert drafts_from(calls, '{"name": "Act", "arguments": {"fields": ["points_p')[0] \
+        .startswith('er_game"')
+    assert drafts_from(calls, '{"name": "Act", "arguments": {"fields": ["assists", "min'
+                       )[0].startswith('utes per game"')  # no underscore typed: as written
 
 
 def test_the_search_for_literals_is_bounded(monkeypatch) -> None:

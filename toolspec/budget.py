@@ -3,8 +3,9 @@
 Verifying k tokens costs ``cost(k)`` forward-steps (measured: ``toolspec bench cost-curve``). A
 step emits 1 + (expected accepted) tokens, where a node is accepted with the product of its and
 its ancestors' acceptance probabilities. ``CostAwareBudget`` keeps the prefix-closed set of nodes
-that maximises expected tokens per unit of verification time; acceptance probabilities are the
-drafters' priors, calibrated per draft source by what the model actually accepted so far.
+whose expected tokens most exceed what their verification time would earn at the rate decoding
+achieves; acceptance probabilities are the drafters' priors, calibrated per draft source by what
+the model actually accepted so far.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ class DraftBudget(Protocol):
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of ``tree`` to verify."""
 
-    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
-        """Learn from a verified tree and its accepted nodes. Mutates: the budget's statistics."""
+    def observe(self, tree: DraftTree, accepted: Sequence[int],
+                rides_on_prefill: bool = False) -> None:
+        """Learn from a verified tree and its accepted nodes; ``rides_on_prefill``: the tree
+        was verified in the prompt's forward, not in a decoding step of its own. Mutates: the
+        budget's statistics."""
 
 
 ROOT_SOURCE = "root"  # the parent source of a top-level node
@@ -110,7 +114,8 @@ class FixedBudget:
         ranked = ranked_by_reach(self.calibration.reach_probabilities(tree))
         return tree.subtree(sorted(ranked[: self.max_nodes]))
 
-    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+    def observe(self, tree: DraftTree, accepted: Sequence[int],
+                rides_on_prefill: bool = False) -> None:
         self.calibration.observe(tree, accepted)
 
 
@@ -158,24 +163,54 @@ class CostModel:
 
 @dataclass
 class CostAwareBudget:
-    """Verifies the subtree with the most expected tokens per unit of forward cost."""
+    """Verifies the subtree whose expected tokens most exceed what its cost would earn at the
+    rate decoding achieves: ``1 + sum(reach) - rate * cost(k)``.
+
+    Why not the subtree with the most expected tokens per unit of cost, step by step: that
+    ratio grows a poor step's tree on nodes worth less than an average step earns for the
+    same time, and stops a good step's tree short of nodes worth more. Decoding as a whole is
+    fastest when every node is kept exactly when its reach beats ``rate`` times its marginal
+    cost, where ``rate`` is the tokens per unit of cost decoding achieves (Dinkelbach's
+    method for ratio objectives), here learned as decoding goes: decode steps' tokens per unit
+    of cost, exponentially forgotten with ``memory`` per step, and starting from
+    ``prior_rate`` worth ``prior_weight`` units of cost. A tree riding on the prompt's forward
+    is chosen by the same rule (its rows cost about what the curve says rows cost), but does
+    not count towards the rate: its tokens come at prefill's price, not a step's.
+    """
 
     cost: CostModel
     max_nodes: int = 64
     calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
+    prior_rate: float = 2.0
+    prior_weight: float = 10.0
+    memory: float = 0.995
+    _tokens: float = field(default=0.0, init=False, repr=False)
+    _spent: float = field(default=0.0, init=False, repr=False)
+
+    @property
+    def rate(self) -> float:
+        """Tokens per unit of verification cost that decoding steps achieve (smoothed)."""
+        return (self._tokens + self.prior_rate * self.prior_weight) / (
+            self._spent + self.prior_weight)
 
     def select(self, tree: DraftTree) -> DraftTree:
         if not len(tree):
             return tree
         reach = self.calibration.reach_probabilities(tree)
         ranked = ranked_by_reach(reach)
-        best_count, best_rate, expected = 0, 1.0 / self.cost.cost(1), 1.0
+        rate = self.rate
+        best_count, expected = 0, 1.0
+        best_gain = expected - rate * self.cost.cost(1)
         for count, node in enumerate(ranked[: self.max_nodes], start=1):
             expected += reach[node]
-            rate = expected / self.cost.cost(count + 1)
-            if rate > best_rate:
-                best_count, best_rate = count, rate
+            gain = expected - rate * self.cost.cost(count + 1)
+            if gain > best_gain:
+                best_count, best_gain = count, gain
         return tree.subtree(sorted(ranked[:best_count]))
 
-    def observe(self, tree: DraftTree, accepted: Sequence[int]) -> None:
+    def observe(self, tree: DraftTree, accepted: Sequence[int],
+                rides_on_prefill: bool = False) -> None:
         self.calibration.observe(tree, accepted)
+        if not rides_on_prefill:
+            self._tokens = self._tokens * self.memory + len(accepted) + 1
+            self._spent = self._spent * self.memory + self.cost.cost(len(tree) + 1)

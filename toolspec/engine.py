@@ -249,8 +249,8 @@ class Engine:
             result = verify(self.model, cache, pending, tree, chooser)
             t2 = time.perf_counter()
             commit_path(cache, base_length, result.path.rows)
-            if drafting:
-                self.budget.observe(tree, result.path.nodes)
+            if drafting:  # a tree verified with more than its root rode on the prompt's forward
+                self.budget.observe(tree, result.path.nodes, rides_on_prefill=len(pending) > 1)
             t3 = time.perf_counter()
             emitted = list(result.emitted)
             generated.extend(emitted)

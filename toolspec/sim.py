@@ -206,7 +206,7 @@ def simulate(
                 node = child
             if drafting:
                 with _drafting(report):
-                    budget.observe(tree, accepted)
+                    budget.observe(tree, accepted, rides_on_prefill=at_prefill)
             emitted_count = min(len(accepted) + 1, len(output) - position)
             report.decode_tokens += emitted_count - at_prefill
             if not at_prefill and cost is not None:

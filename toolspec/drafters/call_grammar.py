@@ -25,6 +25,7 @@ from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
                                            find_date_mentions, mentions_written, render,
                                            value_patterns)
 from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
+from toolspec.drafters.number_values import stated_numbers
 from toolspec.drafters.prompt_literals import NestedLiteral
 from toolspec.drafters.text_drafts import (CLOSE, DATE, FIXED, LITERAL, NAME, OPEN, PARAM,
                                            PATTERN, VALUE, Branch, Segment, TextDraft, scaled)
@@ -76,7 +77,9 @@ class CallGrammar:
         self.conversation = conversation  # text that argument values may be copied from
         self.literals = tuple(literals)  # the prompt's objects and arrays (nested values)
         self._literal_texts: dict[JsonStyle, list[tuple[str | None, str]]] = {}
-        self._numbers = list(dict.fromkeys(_NUMBER.findall(conversation)))
+        stated = stated_numbers(conversation)
+        self._numbers = [number.value for number in stated]
+        self._number_spellings = {number.value: number.spelled for number in stated}
         self._strings = _value_like_spans(conversation)
         self._strings_ranked: dict[str, list[str]] = {}  # per parameter: ``_ranked_for``
         self._numbers_ranked: dict[str, list[str]] = {}
@@ -404,14 +407,13 @@ class CallGrammar:
     def _copied_literals(self, tool: Tool, parameter: str | None, given: Sequence[str],
                          typed: str, nested: str, style: JsonStyle, depth: int) -> list[Branch]:
         """The object or array being typed (``nested``, from its bracket) is one the prompt
-        spells out, in the model's JSON spacing: the one the prompt keys by this parameter (its
-        schema) first, then the latest."""
-        if style.indent is not None:
-            return []  # an indented literal's layout depends on its depth in the call
+        spells out, laid out as the model writes an argument's value: the one the prompt keys
+        by this parameter (its schema) first, then the latest."""
         texts = self._literal_texts.get(style)
         if texts is None:
             texts = self._literal_texts[style] = [
-                (literal.key, style.dumps(literal.value)) for literal in reversed(self.literals)]
+                (literal.key, style.dumps_at(literal.value, _ARGS_LEVEL + 1))
+                for literal in reversed(self.literals)]
         matching = [(key != parameter, text) for key, text in texts
                     if len(text) > len(nested) and text.startswith(nested)]
         chosen = list(dict.fromkeys(text for _, text in sorted(matching, key=lambda m: m[0])))
@@ -446,18 +448,21 @@ class CallGrammar:
         ids, dates) not yet written in this output, with geometrically decreasing priors: those
         the conversation introduces with the parameter's words first ("the appointment ID is
         34567890" for ``appointment_id``), then the most recent."""
-        found = [span for span in self._ranked_for(parameter, self._strings, self._strings_ranked)
+        found = [span for span in self._ranked_for(parameter, self._strings, self._strings_ranked,
+                                                   {})
                  if span not in self._used_values]
         return [(span, self.priors.string_share * 0.5 ** i)
                 for i, span in enumerate(found[:_MAX_STRINGS])]
 
-    def _ranked_for(self, parameter: str, values: list[str],
-                    cache: dict[str, list[str]]) -> list[str]:
-        """``values`` (the conversation's strings or numbers) in ``_anchored_first`` order for
-        ``parameter``. Mutates: ``cache`` (per parameter, for the request)."""
+    def _ranked_for(self, parameter: str, values: list[str], cache: dict[str, list[str]],
+                    spellings: Mapping[str, str]) -> list[str]:
+        """``values`` (the conversation's strings or numbers, spelled there as ``spellings``
+        says where it differs) in ``_anchored_first`` order for ``parameter``. Mutates:
+        ``cache`` (per parameter, for the request)."""
         ranked = cache.get(parameter)
         if ranked is None:
-            ranked = cache[parameter] = _anchored_first(values, self.conversation, parameter)
+            ranked = cache[parameter] = _anchored_first(values, self.conversation, parameter,
+                                                        spellings)
         return ranked
 
     def _conversation_numbers(self, parameter: str,
@@ -465,7 +470,8 @@ class CallGrammar:
         """Numbers of the conversation not yet written in this output, with geometrically
         decreasing priors: those its sentences introduce with ``parameter``'s words first
         ("a height of 5" for ``height``), then in order of appearance."""
-        found = [n for n in self._ranked_for(parameter, self._numbers, self._numbers_ranked)
+        found = [n for n in self._ranked_for(parameter, self._numbers, self._numbers_ranked,
+                                             self._number_spellings)
                  if n not in self._used_values and not (integers_only and "." in n)]
         return [(number, self.priors.number_share * 0.5 ** i)
                 for i, number in enumerate(found[:_MAX_NUMBERS])]
@@ -504,8 +510,14 @@ class CallGrammar:
         return [(number, self.priors.copied_span / len(numbers)) for number in numbers]
 
     def _typed_spans(self, partial: str) -> list[tuple[str, float]]:
-        """The conversation's spans that go on from the string typed, sharing ``copied_span``."""
+        """The conversation's spans that go on from the string typed, sharing ``copied_span``;
+        for a snake_case string the conversation does not hold, its words as the conversation
+        goes on from them, joined by underscores ("social security numbers" for
+        ``social_se``)."""
         spans = _spans_starting_with(self.conversation, partial) if partial else []
+        if not spans and "_" in partial.strip("_"):
+            spans = [span.replace(" ", "_") for span in
+                     _spans_starting_with(self.conversation, partial.replace("_", " "))]
         return [(span, self.priors.copied_span / len(spans)) for span in spans]
 
     def _then_next(self, value: tuple[Segment, ...], tool: Tool, given: Sequence[str],
@@ -568,7 +580,7 @@ def _known_values(schema: Mapping[str, Any]) -> list[Any]:
     return []
 
 
-# A number may end a sentence ("a height of 5."), not run into a word or another number.
+# A number as the call so far writes it (the conversation's are read by ``stated_numbers``).
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
 _MAX_NUMBERS = 4
 _MAX_STRINGS = 4
@@ -612,15 +624,18 @@ def _value_like_spans(conversation: str) -> list[str]:
     return sorted((s for s in spans if s not in dropped), key=lambda span: -spans[span])
 
 
-def _anchored_first(spans: Sequence[str], conversation: str, parameter: str) -> list[str]:
+def _anchored_first(spans: Sequence[str], conversation: str, parameter: str,
+                    spellings: Mapping[str, str]) -> list[str]:
     """``spans`` (most recent first) reordered so that those preceded, in their sentence, by
-    more of ``parameter``'s words come first; the order is kept among equals."""
+    more of ``parameter``'s words come first; the order is kept among equals. A span is looked
+    for as ``spellings`` spells it, if there."""
     words = _words_of(parameter)
     if not words:
         return list(spans)
     lowered = conversation.lower()
 
     def anchoring(span: str) -> int:
+        span = spellings.get(span, span)
         best, at = 0, conversation.find(span)
         while at >= 0:
             window = lowered[max(0, at - _ANCHOR_WINDOW): at]

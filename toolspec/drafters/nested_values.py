@@ -85,7 +85,7 @@ class NestedValueGrammar:
         self.style = style
         self.base_level = base_level
         self.priors = priors
-        self._item_separator = style.comma if style.indent is None else style.comma.rstrip() + " "
+        self._item_separator = style.inline_comma
 
     def from_value_start(self, schema: Schema, parameter: str, depth: int) -> list[NestedBranch]:
         """From just after a parameter's colon (and its spacing): an object or array value."""

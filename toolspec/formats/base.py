@@ -39,6 +39,24 @@ class JsonStyle:
         return json.dumps(value, ensure_ascii=False, indent=self.indent,
                           separators=(self.comma.rstrip(), self.colon))
 
+    @property
+    def inline_comma(self) -> str:
+        """Between the elements of an array, which models write on one line in every style."""
+        return self.comma if self.indent is None else self.comma.rstrip() + " "
+
+    def dumps_at(self, value: Any, level: int) -> str:
+        """``value`` laid out as a model writes it at nesting ``level`` (that of its keys, if
+        an object): as ``dumps`` without an indent; with one, an object one key per line and
+        an array on one line."""
+        if self.indent is None:
+            return self.dumps(value)
+        if isinstance(value, dict) and value:
+            members = [json.dumps(str(key), ensure_ascii=False) + self.colon
+                       + self.dumps_at(item, level + 1) for key, item in value.items()]
+            return ("{" + self.opening_gap(level) + self.separator(level).join(members)
+                    + self.closing_gap(level) + "}")
+        return json.dumps(value, ensure_ascii=False, separators=(self.inline_comma, self.colon))
+
     def opening_gap(self, level: int) -> str:
         """Between an object's ``{`` and its first key."""
         return "" if self.indent is None else "\n" + self.indent * level
