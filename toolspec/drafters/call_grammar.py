@@ -26,6 +26,7 @@ from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
                                            value_patterns)
 from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
 from toolspec.drafters.number_values import stated_numbers
+from toolspec.drafters.tool_relevance import tool_name_shares
 from toolspec.drafters.prompt_literals import NestedLiteral
 from toolspec.drafters.text_drafts import (CLOSE, DATE, FIXED, LITERAL, NAME, OPEN, PARAM,
                                            PATTERN, VALUE, Branch, Segment, TextDraft, scaled)
@@ -83,6 +84,7 @@ class CallGrammar:
         self._strings = _value_like_spans(conversation)
         self._strings_ranked: dict[str, list[str]] = {}  # per parameter: ``_ranked_for``
         self._numbers_ranked: dict[str, list[str]] = {}
+        self._name_shares = tool_name_shares(tools, conversation)
         self._used_values: frozenset[str] = frozenset()
         self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
         self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
@@ -215,12 +217,11 @@ class CallGrammar:
         return [((head, *rest), ends) for rest, ends in self._name_value(style, depth)]
 
     def _name_value(self, style: JsonStyle, depth: int) -> list[Branch]:
-        """From just after the ``"name"`` key: every tool name, then its arguments."""
-        if not len(self.tools):
-            return []
-        share = 1.0 / len(self.tools)
+        """From just after the ``"name"`` key: every tool name (as likely as the conversation
+        asks for it), then its arguments."""
         branches: list[Branch] = []
         for tool in self.tools:
+            share = self._name_shares[tool.name]
             head = (Segment(style.colon + '"', FIXED), Segment(_quoted_inner(tool.name), NAME, share),
                     Segment('"', FIXED))
             for rest, ends in self._arguments(tool, style, depth - 1):
