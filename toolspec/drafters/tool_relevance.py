@@ -60,7 +60,8 @@ def tool_name_shares(tools: ToolSet, conversation: str, sharpness: float = 1.0
     asked = _stems(conversation)
     having = Counter(stem for stems in texts.values() for stem in stems)
     rarity = {stem: math.log(1.0 + len(texts) / count) for stem, count in having.items()}
-    scores = {name: sharpness * sum(rarity[stem] for stem in stems & asked)
+    # Summed in a fixed order: set order varies between runs, and so would the last bit.
+    scores = {name: sharpness * sum(sorted(rarity[stem] for stem in stems & asked))
               for name, stems in texts.items()}
     top = max(scores.values())
     weights = {name: math.exp(score - top) * (_NAMED_BEFORE if name in named else 1.0)
