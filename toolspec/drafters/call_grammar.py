@@ -26,10 +26,10 @@ from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
                                            value_patterns)
 from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
 from toolspec.drafters.number_values import stated_numbers
-from toolspec.drafters.tool_relevance import tool_name_shares
 from toolspec.drafters.prompt_literals import NestedLiteral
 from toolspec.drafters.text_drafts import (CLOSE, DATE, FIXED, LITERAL, NAME, OPEN, PARAM,
                                            PATTERN, VALUE, Branch, Segment, TextDraft, scaled)
+from toolspec.drafters.tool_relevance import tool_name_shares
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
 from toolspec.tools import Tool, ToolSet, json_type
 
