@@ -47,12 +47,10 @@ def _names(conversation: str, tool_name: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(tool_name)}(?![\w.])", conversation) is not None
 
 
-def tool_name_shares(tools: ToolSet, conversation: str, sharpness: float = 1.0
-                     ) -> dict[str, float]:
+def tool_name_shares(tools: ToolSet, conversation: str) -> dict[str, float]:
     """Each tool's share of the probability that it is the one called (summing to 1): a
-    softmax, at ``sharpness``, of the rarity-weighted conversation words its name and
-    description share, cut for a tool the conversation names. Even shares without a
-    conversation."""
+    softmax of the rarity-weighted conversation words its name and description share, a tool
+    the conversation names cut, then half spread evenly. Even shares without a conversation."""
     texts = {tool.name: _stems(f"{tool.name} {tool.description}") for tool in tools}
     if not texts:
         return {}
@@ -61,7 +59,7 @@ def tool_name_shares(tools: ToolSet, conversation: str, sharpness: float = 1.0
     having = Counter(stem for stems in texts.values() for stem in stems)
     rarity = {stem: math.log(1.0 + len(texts) / count) for stem, count in having.items()}
     # Summed in a fixed order: set order varies between runs, and so would the last bit.
-    scores = {name: sharpness * sum(sorted(rarity[stem] for stem in stems & asked))
+    scores = {name: sum(sorted(rarity[stem] for stem in stems & asked))
               for name, stems in texts.items()}
     top = max(scores.values())
     weights = {name: math.exp(score - top) * (_NAMED_BEFORE if name in named else 1.0)
