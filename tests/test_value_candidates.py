@@ -2,7 +2,8 @@
 
 import pytest
 
-from toolspec.drafters.call_grammar import CallGrammar, _value_like_spans
+from toolspec.drafters.call_grammar import CallGrammar
+from toolspec.drafters.conversation_values import value_like_spans
 from toolspec.drafters.text_drafts import LITERAL, PATTERN
 from toolspec.drafters.date_values import DateValue, complete_in_pattern
 from toolspec.drafters import prompt_literals
@@ -42,13 +43,13 @@ def test_words_capitalised_because_they_open_a_sentence_are_not_names() -> None:
     conversation = ("<user>Can you cancel my appointment with Dr. Kim? The ID is 34567890.</user>\n"
                     "<response>Sure. Please wait, John.</response>\n"
                     "<user> Based on our conversation above, John Smith.</user>")
-    spans = _value_like_spans(conversation)
+    spans = value_like_spans(conversation)
     assert spans[:3] == ["John Smith", "John", "34567890"]  # the latest first
     assert "Dr. Kim" in spans
     for opener in ("Based", "Sure", "Please", "Can"):
         assert opener not in spans
     # A name that opens a sentence is still a name when it is capitalised elsewhere too.
-    assert "Alice" in _value_like_spans("Alice called. I told Alice to wait.")
+    assert "Alice" in value_like_spans("Alice called. I told Alice to wait.")
 
 
 def test_a_value_introduced_by_the_parameters_words_is_drafted_first() -> None:

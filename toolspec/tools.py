@@ -168,6 +168,20 @@ def json_type(schema: Mapping[str, Any]) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def pinned_values(schema: Mapping[str, Any]) -> list[Any]:
+    """Values the schema pins down: ``enum`` / ``const`` members, booleans, null."""
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return list(schema["enum"])
+    kind = json_type(schema)
+    if kind == "boolean":
+        return [True, False]
+    if kind == "null":
+        return [None]
+    return []
+
+
 def _normalized(schema: Mapping[str, Any]) -> dict[str, Any]:
     """BFCL writes ``"type": "dict"`` (and Python type names) where JSON Schema says ``object``."""
     aliases = {"dict": "object", "float": "number", "int": "integer", "str": "string",

@@ -21,17 +21,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolspec.drafters.date_values import (DateMention, complete_in_pattern,
-                                           find_date_mentions, mentions_written, render,
-                                           value_patterns)
+from toolspec.drafters.conversation_values import (MAX_SPANS, ConversationValues,
+                                                   is_written_number)
+from toolspec.drafters.date_values import complete_in_pattern, value_patterns
 from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
-from toolspec.drafters.number_values import stated_numbers
 from toolspec.drafters.prompt_literals import NestedLiteral
 from toolspec.drafters.text_drafts import (CLOSE, DATE, FIXED, LITERAL, NAME, OPEN, PARAM,
-                                           PATTERN, VALUE, Branch, Segment, TextDraft, scaled)
+                                           PATTERN, VALUE, Branch, Segment, TextDraft,
+                                           quoted_inner, scaled)
 from toolspec.drafters.tool_relevance import tool_name_shares
 from toolspec.formats import CallFormat, CallScanner, CallState, JsonStyle
-from toolspec.tools import Tool, ToolSet, json_type
+from toolspec.tools import Tool, ToolSet, json_type, pinned_values
 
 # Nesting levels of the two objects of a call, for indented styles.
 _CALL_LEVEL = 1
@@ -75,20 +75,10 @@ class CallGrammar:
         self.closings: tuple[tuple[str, float], ...] = ()
         self.priors = priors
         self.chained_choices = chained_choices  # how many choice points one branch runs through
-        self.conversation = conversation  # text that argument values may be copied from
+        self.values = ConversationValues(conversation)  # what argument values may copy
         self.literals = tuple(literals)  # the prompt's objects and arrays (nested values)
         self._literal_texts: dict[JsonStyle, list[tuple[str | None, str]]] = {}
-        stated = stated_numbers(conversation)
-        self._numbers = [number.value for number in stated]
-        self._number_spellings = {number.value: number.spelled for number in stated}
-        self._strings = _value_like_spans(conversation)
-        self._strings_ranked: dict[str, list[str]] = {}  # per parameter: ``_ranked_for``
-        self._numbers_ranked: dict[str, list[str]] = {}
         self._name_shares = tool_name_shares(tools, conversation)
-        self._used_values: frozenset[str] = frozenset()
-        self._dates = _latest_message_first(find_date_mentions(conversation), conversation)
-        self._years = list(dict.fromkeys(m.year for m in self._dates if m.year))  # latest first
-        self._used_dates: frozenset[int] = frozenset()
         self._assumed_years: tuple[int, ...] = ()
         self._cache: dict[tuple, list[Branch]] = {}
 
@@ -108,23 +98,19 @@ class CallGrammar:
         the last one (all with probabilities; the format's own text by default); ``years``
         those the model writes dates in when the conversation names none.
 
-        Mutates: a cache of the structural branches, keyed by the scanner's position.
+        Mutates: a cache of the structural branches, keyed by the scanner's position, and
+        which conversation values count as used.
         """
         fmt = self.format
         self.openings = tuple(openings or [(fmt.block_open + fmt.call_open, 1.0)])
         self.closings = tuple(closings or [(fmt.call_close + fmt.block_close, 1.0)])
         self._assumed_years = tuple(years)
-        numbers_written = set(_NUMBER.findall(scanner.text))
-        self._used_values = frozenset(
-            [n for n in self._numbers if n in numbers_written]
-            + [s for s in self._strings if f'"{_quoted_inner(s)}"' in scanner.text])
-        self._used_dates = mentions_written(self._dates, scanner.text) if self._dates \
-            else frozenset()
+        self.values.note_written(scanner.text)
         drafts: list[TextDraft] = []
         for style, style_prior in styles:
             key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
                    scanner.arguments_open, bool(scanner.calls), scanner.parameter, style,
-                   self._used_values, self._used_dates, self._assumed_years, self.openings,
+                   self.values.used, self.values.used_dates, self._assumed_years, self.openings,
                    self.closings)
             structural = self._cache.get(key)
             if structural is None:
@@ -193,20 +179,23 @@ class CallGrammar:
         typed = scanner.text[scanner.anchor:]
         given = scanner.given_parameters
         depth = self.chained_choices
+        copied = self.priors.copied_span
         if state is CallState.VALUE_NESTED and nested_start is not None:
             return (self._nested_elements(tool, scanner, style, depth)
                     + self._copied_literals(tool, scanner.parameter, given, typed,
                                             scanner.text[nested_start:], style, depth))
         if state is CallState.VALUE_STRING:
             return (self._value_ends_now(tool, given, typed, state, style, depth)
-                    + self._copied_spans(tool, given, typed, partial, style, depth)
+                    + self._typed_goes_on(self.values.spans_going_on(partial, copied), True,
+                                          tool, given, typed, partial, style, depth)
                     + self._typed_year_dates(tool, scanner.parameter, given, typed, partial,
                                              style, depth)
                     + self._pattern_rest(tool, scanner.parameter, given, typed, partial, style,
                                          depth))
         if state is CallState.VALUE_LITERAL and partial[:1] in "-0123456789":
             return (self._value_ends_now(tool, given, typed, state, style, depth)
-                    + self._copied_numbers(tool, given, typed, partial, style, depth))
+                    + self._typed_goes_on(self.values.numbers_going_on(partial, copied), False,
+                                          tool, given, typed, partial, style, depth))
         return []
 
     # ---- grammar pieces (each returns branches written from the relevant anchor) ---------
@@ -222,7 +211,8 @@ class CallGrammar:
         branches: list[Branch] = []
         for tool in self.tools:
             share = self._name_shares[tool.name]
-            head = (Segment(style.colon + '"', FIXED), Segment(_quoted_inner(tool.name), NAME, share),
+            head = (Segment(style.colon + '"', FIXED),
+                    Segment(quoted_inner(tool.name), NAME, share),
                     Segment('"', FIXED))
             for rest, ends in self._arguments(tool, style, depth - 1):
                 branches.append(((*head, *rest), ends))
@@ -273,7 +263,7 @@ class CallGrammar:
         """From just after a parameter's colon: what the schema says about its value.
 
         ``given`` already includes the parameter."""
-        literals = _known_values(schema)
+        literals = pinned_values(schema)
         if literals:
             share = 1.0 / len(literals)
             branches: list[Branch] = []
@@ -291,9 +281,10 @@ class CallGrammar:
             if depth > 0:
                 branches += [((opener, *rest), ends) for rest, ends
                              in self._dates_in_pattern(tool, schema, given, style, depth, None)]
-            for span, share in self._conversation_strings(given[-1] if given else "") \
+            for span, share in self.values.strings_for(given[-1] if given else "",
+                                                       self.priors.string_share) \
                     if depth > 0 else ():
-                value = Segment(_quoted_inner(span) + '"', VALUE, share)
+                value = Segment(quoted_inner(span) + '"', VALUE, share)
                 branches += self._then_next((opener, value), tool, given, style, depth - 1)
             return branches
         branches = [((), False)]  # a free value: the draft stops after the colon
@@ -303,8 +294,9 @@ class CallGrammar:
                 nested.from_value_start(schema, given[-1] if given else "", depth),
                 tool, given, style)
         if kind in ("integer", "number") and depth > 0:
-            for number, share in self._conversation_numbers(given[-1] if given else "",
-                                                             kind == "integer"):
+            for number, share in self.values.numbers_for(given[-1] if given else "",
+                                                         kind == "integer",
+                                                         self.priors.number_share):
                 value = Segment(number, VALUE, share)
                 branches += self._then_next((value,), tool, given, style, depth - 1)
         return branches
@@ -315,26 +307,22 @@ class CallGrammar:
         written in the pattern the schema asks for, the latest message's first, with
         geometrically decreasing priors. A date without a time stops before the time fields.
         ``year`` stands in for a year the conversation leaves out (else ``_default_year``)."""
-        patterns = value_patterns(schema) if self._dates else []
-        years = [year if year is not None else self._default_year()]
-        values = list(dict.fromkeys(
-            value for index, mention in enumerate(self._dates) if index not in self._used_dates
-            for pattern in patterns for candidate_year in years
-            if (value := render(mention, pattern, candidate_year)) is not None))
+        dates = self.values.dates_written(value_patterns(schema) if self.values.dates else [],
+                                          year if year is not None else self._default_year())
         branches: list[Branch] = []
-        for rank, (text, complete) in enumerate(values[:_MAX_DATES]):
+        for rank, (text, complete) in enumerate(dates):
             share = self.priors.date_share * 0.5 ** rank
             if not complete:
-                branches.append(((Segment(_quoted_inner(text), DATE, share),), False))
+                branches.append(((Segment(quoted_inner(text), DATE, share),), False))
                 continue
-            value = Segment(_quoted_inner(text) + '"', DATE, share)
+            value = Segment(quoted_inner(text) + '"', DATE, share)
             branches += self._then_next((value,), tool, given, style, depth - 1)
         return branches
 
     def _default_year(self) -> int | None:
         """The year of dates said without one: the conversation's latest, else the one the
         model has been writing."""
-        return next(iter(self._years or self._assumed_years), None)
+        return next(iter(self.values.years or self._assumed_years), None)
 
     def _typed_year_dates(self, tool: Tool, parameter: str | None, given: Sequence[str],
                           typed: str, partial: str, style: JsonStyle, depth: int) -> list[Branch]:
@@ -378,16 +366,16 @@ class CallGrammar:
 
     def scalar_values(self, schema: Mapping[str, Any], name: str,
                       taken: frozenset[str]) -> list[tuple[str, float]]:
-        known = [json.dumps(v, ensure_ascii=False) for v in _known_values(schema)]
+        known = [json.dumps(v, ensure_ascii=False) for v in pinned_values(schema)]
         if known:
             # An enum member rarely repeats in one list (but a list of booleans may).
             fresh = [text for text in known if text not in taken] or known
             return [(text, 1.0 / len(fresh)) for text in fresh]
         kind = json_type(schema)
-        strings = [(f'"{_quoted_inner(span)}"', prior)
-                   for span, prior in self._conversation_strings(name)] \
+        strings = [(f'"{quoted_inner(span)}"', prior)
+                   for span, prior in self.values.strings_for(name, self.priors.string_share)] \
             if kind in ("string", None) else []
-        numbers = self._conversation_numbers(name, kind == "integer") \
+        numbers = self.values.numbers_for(name, kind == "integer", self.priors.number_share) \
             if kind in ("integer", "number", None) else []
         untyped_share = 0.5 if kind is None else 1.0  # strings or numbers: split between them
         return [(text, prior * untyped_share) for text, prior in strings + numbers
@@ -395,13 +383,14 @@ class CallGrammar:
 
     def typed_scalar_values(self, schema: Mapping[str, Any], partial: str,
                             in_string: bool) -> list[tuple[str, float]]:
+        copied = self.priors.copied_span
         if in_string:
             # Unlike a parameter's string, an element's is not drafted to end at any point:
             # inside a list, that guess costs more nodes than it wins.
-            return [(f'"{_quoted_inner(span)}"', share)
-                    for span, share in self._typed_spans(partial)]
-        values = self._typed_numbers(partial)
-        if _NUMBER.fullmatch(partial):
+            return [(f'"{quoted_inner(span)}"', share)
+                    for span, share in self.values.spans_going_on(partial, copied)]
+        values = self.values.numbers_going_on(partial, copied)
+        if is_written_number(partial):
             values.append((partial, self.priors.value_ends_here))
         return values
 
@@ -418,7 +407,7 @@ class CallGrammar:
         matching = [(key != parameter, text) for key, text in texts
                     if len(text) > len(nested) and text.startswith(nested)]
         chosen = list(dict.fromkeys(text for _, text in sorted(matching, key=lambda m: m[0])))
-        chosen = chosen[:_MAX_SPANS]
+        chosen = chosen[:MAX_SPANS]
         branches: list[Branch] = []
         for rank, text in enumerate(chosen):
             head = Segment(typed + text[len(nested):], LITERAL,
@@ -436,46 +425,13 @@ class CallGrammar:
             rest = complete_in_pattern(partial, pattern)
             if rest is None:
                 continue
-            head = Segment(typed + _quoted_inner(rest.text) + ('"' if rest.complete else ""),
+            head = Segment(typed + quoted_inner(rest.text) + ('"' if rest.complete else ""),
                            PATTERN, self.priors.pattern_rest)
             if not rest.complete:
                 branches.append(((head,), False))
                 continue
             branches += self._then_next((head,), tool, given, style, depth)
         return branches
-
-    def _conversation_strings(self, parameter: str) -> list[tuple[str, float]]:
-        """Likely string values of ``parameter`` from the conversation (quoted text, names,
-        ids, dates) not yet written in this output, with geometrically decreasing priors: those
-        the conversation introduces with the parameter's words first ("the appointment ID is
-        34567890" for ``appointment_id``), then the most recent."""
-        found = [span for span in self._ranked_for(parameter, self._strings, self._strings_ranked,
-                                                   {})
-                 if span not in self._used_values]
-        return [(span, self.priors.string_share * 0.5 ** i)
-                for i, span in enumerate(found[:_MAX_STRINGS])]
-
-    def _ranked_for(self, parameter: str, values: list[str], cache: dict[str, list[str]],
-                    spellings: Mapping[str, str]) -> list[str]:
-        """``values`` (the conversation's strings or numbers, spelled there as ``spellings``
-        says where it differs) in ``_anchored_first`` order for ``parameter``. Mutates:
-        ``cache`` (per parameter, for the request)."""
-        ranked = cache.get(parameter)
-        if ranked is None:
-            ranked = cache[parameter] = _anchored_first(values, self.conversation, parameter,
-                                                        spellings)
-        return ranked
-
-    def _conversation_numbers(self, parameter: str,
-                              integers_only: bool) -> list[tuple[str, float]]:
-        """Numbers of the conversation not yet written in this output, with geometrically
-        decreasing priors: those its sentences introduce with ``parameter``'s words first
-        ("a height of 5" for ``height``), then in order of appearance."""
-        found = [n for n in self._ranked_for(parameter, self._numbers, self._numbers_ranked,
-                                             self._number_spellings)
-                 if n not in self._used_values and not (integers_only and "." in n)]
-        return [(number, self.priors.number_share * 0.5 ** i)
-                for i, number in enumerate(found[:_MAX_NUMBERS])]
 
     def _value_ends_now(self, tool: Tool, given: Sequence[str], typed: str, state: CallState,
                         style: JsonStyle, depth: int) -> list[Branch]:
@@ -486,40 +442,19 @@ class CallGrammar:
         head = Segment(typed + closer, VALUE, self.priors.value_ends_here)
         return self._then_next((head,), tool, given, style, depth)
 
-    def _copied_numbers(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
-                        style: JsonStyle, depth: int) -> list[Branch]:
-        """The number being typed is one of the conversation's that starts with its digits."""
+    def _typed_goes_on(self, values: Sequence[tuple[str, float]], in_string: bool, tool: Tool,
+                       given: Sequence[str], typed: str, partial: str, style: JsonStyle,
+                       depth: int) -> list[Branch]:
+        """The value being typed (``partial``, a string's characters if ``in_string``) is one
+        of ``values`` that start with it, closed and followed by the rest of the call."""
         branches: list[Branch] = []
-        for number, share in self._typed_numbers(partial):
-            head = Segment(typed + number[len(partial):], VALUE, share)
-            branches += self._then_next((head,), tool, given, style, depth)
+        for value, share in values:
+            rest = value[len(partial):]
+            if in_string:
+                rest = quoted_inner(rest) + '"'
+            branches += self._then_next((Segment(typed + rest, VALUE, share),), tool, given,
+                                        style, depth)
         return branches
-
-    def _copied_spans(self, tool: Tool, given: Sequence[str], typed: str, partial: str,
-                      style: JsonStyle, depth: int) -> list[Branch]:
-        """The string value is a span of the conversation that starts with what is typed."""
-        branches: list[Branch] = []
-        for span, share in self._typed_spans(partial):
-            head = Segment(typed + _quoted_inner(span[len(partial):]) + '"', VALUE, share)
-            branches += self._then_next((head,), tool, given, style, depth)
-        return branches
-
-    def _typed_numbers(self, partial: str) -> list[tuple[str, float]]:
-        """The conversation's numbers that go on from the digits typed, sharing ``copied_span``."""
-        numbers = [n for n in self._numbers
-                   if len(n) > len(partial) and n.startswith(partial)][:_MAX_NUMBERS]
-        return [(number, self.priors.copied_span / len(numbers)) for number in numbers]
-
-    def _typed_spans(self, partial: str) -> list[tuple[str, float]]:
-        """The conversation's spans that go on from the string typed, sharing ``copied_span``;
-        for a snake_case string the conversation does not hold, its words as the conversation
-        goes on from them, joined by underscores ("social security numbers" for
-        ``social_se``)."""
-        spans = _spans_starting_with(self.conversation, partial) if partial else []
-        if not spans and "_" in partial.strip("_"):
-            spans = [span.replace(" ", "_") for span in
-                     _spans_starting_with(self.conversation, partial.replace("_", " "))]
-        return [(span, self.priors.copied_span / len(spans)) for span in spans]
 
     def _then_next(self, value: tuple[Segment, ...], tool: Tool, given: Sequence[str],
                    style: JsonStyle, depth: int) -> list[Branch]:
@@ -562,124 +497,4 @@ class CallGrammar:
         return branches
 
 
-def _quoted_inner(text: str) -> str:
-    """``text`` as it appears between JSON quotes (escaped)."""
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
-def _known_values(schema: Mapping[str, Any]) -> list[Any]:
-    """Values the schema pins down: ``enum`` / ``const`` members, booleans, null."""
-    if "const" in schema:
-        return [schema["const"]]
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return list(schema["enum"])
-    kind = json_type(schema)
-    if kind == "boolean":
-        return [True, False]
-    if kind == "null":
-        return [None]
-    return []
-
-
-# A number as the call so far writes it (the conversation's are read by ``stated_numbers``).
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
-_MAX_NUMBERS = 4
-_MAX_STRINGS = 4
-_MAX_DATES = 4
-_SENTENCE_ENDS = ".!?\n>:"
-_WORD = re.compile(r"[a-z0-9]+")
-_ANCHOR_WINDOW = 48  # characters before a span in which a parameter's words introduce it
-_SENTENCE_BREAK = re.compile(r"[.!?](?:\s|$)|\n")
 _TYPED_YEAR = re.compile(r"((?:19|20)\d\d)\b")
-# Spans that tend to be argument values: quoted text, capitalised names, tokens with digits
-# (ids, dates, times, emails).
-_VALUE_LIKE = re.compile(
-    r"\"([^\"\n]{1,60})\"|'([^'\n]{2,60})'"
-    r"|(?P<name>(?:(?:Dr|Mr|Mrs|Ms|Prof)\.\s?)?[A-Z][\w'&-]*(?:\s+[A-Z][\w'&-]*)*)"
-    r"|([\w.@:/+-]*\d[\w.@:/+-]*)"
-)
-
-
-def _latest_message_first(mentions: Sequence[DateMention], text: str) -> list[DateMention]:
-    """``mentions`` of later lines (messages) first; within a line in order of appearance (the
-    order in which "from 2pm to 4pm" fills a start and an end)."""
-    return sorted(mentions, key=lambda m: (-text.count("\n", 0, m.position), m.position))
-
-
-def _value_like_spans(conversation: str) -> list[str]:
-    """Distinct value-like spans, the most recently mentioned first. A lone capitalised word
-    that opens a sentence ("Sure", "Based", "Please") is capitalised for the sentence's sake,
-    not as a name, unless it is also capitalised inside a sentence somewhere."""
-    spans: dict[str, int] = {}
-    sentence_openers: set[str] = set()
-    inside_sentence: set[str] = set()
-    for match in _VALUE_LIKE.finditer(conversation):
-        span = next(group for group in match.groups() if group is not None).strip().rstrip(".")
-        if len(span) < 2:
-            continue
-        if match.group("name") is not None and " " not in span:
-            opens = _opens_sentence(conversation, match.start())
-            (sentence_openers if opens else inside_sentence).add(span)
-        spans[span] = match.start()
-    dropped = sentence_openers - inside_sentence
-    return sorted((s for s in spans if s not in dropped), key=lambda span: -spans[span])
-
-
-def _anchored_first(spans: Sequence[str], conversation: str, parameter: str,
-                    spellings: Mapping[str, str]) -> list[str]:
-    """``spans`` (most recent first) reordered so that those preceded, in their sentence, by
-    more of ``parameter``'s words come first; the order is kept among equals. A span is looked
-    for as ``spellings`` spells it, if there."""
-    words = _words_of(parameter)
-    if not words:
-        return list(spans)
-    lowered = conversation.lower()
-
-    def anchoring(span: str) -> int:
-        span = spellings.get(span, span)
-        best, at = 0, conversation.find(span)
-        while at >= 0:
-            window = lowered[max(0, at - _ANCHOR_WINDOW): at]
-            window = _SENTENCE_BREAK.split(window)[-1]  # the span's own sentence
-            best = max(best, len(words & set(_WORD.findall(window))))
-            at = conversation.find(span, at + 1)
-        return best
-
-    return sorted(spans, key=lambda span: -anchoring(span))
-
-
-def _words_of(identifier: str) -> set[str]:
-    """The lowercase words of a parameter name: ``appointment_id`` and ``appointmentId`` both
-    give {"appointment", "id"}."""
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", identifier)
-    return {word for word in _WORD.findall(spaced.lower()) if len(word) >= 2}
-
-
-def _opens_sentence(text: str, at: int) -> bool:
-    """Whether ``text[at:]`` starts a sentence: nothing but spaces and markup (``**``, a
-    ``<user>`` tag, a quote) between it and the text's start or a sentence's end."""
-    before = text[max(0, at - 64): at].rstrip(" \t*\"'")  # a bounded look back
-    return not before or before[-1] in _SENTENCE_ENDS
-
-
-_SPAN_STOPS = '"\n,;:!?()[]{}<>'
-_MAX_SPANS = 3
-
-
-def _spans_starting_with(conversation: str, partial: str, longest: int = 80) -> list[str]:
-    """Distinct spans of ``conversation`` that start with ``partial`` and run to a delimiter
-    (or to the end of the word), most recent first."""
-    spans: list[str] = []
-    at = conversation.rfind(partial)
-    while at >= 0 and len(spans) < _MAX_SPANS:
-        tail = conversation[at: at + longest]
-        stop = next((i for i, c in enumerate(tail) if i >= len(partial) and c in _SPAN_STOPS),
-                    len(tail))
-        phrase = tail[:stop].rstrip(" .")
-        word_end = next((i for i, c in enumerate(phrase) if i >= len(partial) and c == " "),
-                        len(phrase))
-        for span in (phrase, phrase[:word_end]):
-            if len(span) > len(partial) and span not in spans:
-                spans.append(span)
-        at = conversation.rfind(partial, 0, at)
-    return spans[:_MAX_SPANS]

@@ -7,6 +7,7 @@ Pure data; no tokenizer, no model.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -75,3 +76,8 @@ def scaled(segments: tuple[Segment, ...], factor: float) -> tuple[Segment, ...]:
         return tuple(segments)
     first = segments[0]
     return (Segment(first.text, first.source, first.prior * factor), *segments[1:])
+
+
+def quoted_inner(text: str) -> str:
+    """``text`` as it appears between JSON quotes (escaped)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
