@@ -188,7 +188,8 @@ def _sim(args: argparse.Namespace) -> int:
     from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
     from toolspec.datasets import load_dataset
     from toolspec.models import freeze_loaded_objects, load_tokenizer
-    from toolspec.sim import format_report, recorded_targets, reference_targets, simulate
+    from toolspec.sim import (format_report, recorded_targets, reference_targets, simulate,
+                              write_step_ends)
 
     method = {"schema": "toolspec-schema"}.get(args.drafter, args.drafter)
     parse_methods(method)
@@ -210,6 +211,8 @@ def _sim(args: argparse.Namespace) -> int:
     if args.json:
         document = {"drafter": method, "data": str(args.data), **report.as_dict()}
         Path(args.json).write_text(json.dumps(document, indent=2))
+    if args.step_ends:
+        write_step_ends(Path(args.step_ends), report.step_ends, targets, tokenizer)
     return 0
 
 
@@ -417,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--recorded", type=Path,
                      help="items.jsonl from toolspec bench: replay its ar outputs")
     sim.add_argument("--json", type=Path, help="write the report here")
+    sim.add_argument("--step-ends", type=Path,
+                     help="write every step that ended before the output here (JSON lines: "
+                          "the missed token, its call state, the text before it, and whether "
+                          "the drafter had proposed it)")
     _add_format_option(sim)
     _add_library_options(sim)
     _add_prefill_option(sim)

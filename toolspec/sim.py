@@ -95,6 +95,23 @@ class ItemSim:
     library_calls: int | None
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    """Where a verification step stopped short of the known output: the token the tree lacked.
+
+    ``proposed`` counts the tokens the drafter's whole proposal (before the budget chose what to
+    verify) would have had accepted: more than ``accepted`` means the budget cut the right
+    branch; equal means the drafter never proposed the token."""
+
+    item: str
+    position: int  # of the missed token in the output
+    state: str  # the call state the missed token is written in
+    token: int  # the missed token
+    accepted: int  # draft tokens the verified tree had accepted in this step
+    proposed: int  # ... the drafter's whole proposal would have had accepted
+    nodes: int  # draft nodes verified
+
+
 @dataclass
 class SimReport:
     items: int = 0
@@ -109,6 +126,7 @@ class SimReport:
     forward_cost: float = 0.0  # verification forwards, in units of one plain decoding step
     drafting_s: float = 0.0  # wall time in the drafter and the budget (start to stop)
     per_item: list[ItemSim] = field(default_factory=list)
+    step_ends: list[StepEnd] = field(default_factory=list)
 
     @property
     def mat(self) -> float:
@@ -146,6 +164,7 @@ class SimReport:
                 for source, count in sorted(self.proposed_by_source.items())
             },
             "per_item": [vars(item) for item in self.per_item],
+            "step_ends": step_end_counts(self.step_ends),
         }
 
 
@@ -195,15 +214,15 @@ def simulate(
             at_prefill = position == 0
             drafting = room > 0 and (draft_at_prefill or not at_prefill)
             with _drafting(report):
-                tree = budget.select(drafter.propose(context, room)) if drafting else DraftTree()
-            accepted: list[int] = []
-            node = ROOT
-            while position + len(accepted) < len(output):
-                child = tree.child(node, output[position + len(accepted)])
-                if child is None:
-                    break
-                accepted.append(child)
-                node = child
+                proposal = drafter.propose(context, room) if drafting else DraftTree()
+                tree = budget.select(proposal) if drafting else proposal
+            accepted = accepted_path(tree, output[position:])
+            verifies = bool(tree) or not at_prefill  # a plain prefill is no verification
+            if verifies and position + len(accepted) + 1 < len(output):  # ended short of it
+                missed = position + len(accepted)
+                report.step_ends.append(StepEnd(
+                    target.id, missed, states[missed].value, output[missed], len(accepted),
+                    len(accepted_path(proposal, output[position:])), len(tree)))
             if drafting:
                 with _drafting(report):
                     budget.observe(tree, accepted, rides_on_prefill=at_prefill)
@@ -245,6 +264,42 @@ def simulate(
     return report
 
 
+def accepted_path(tree: DraftTree, output: Sequence[int]) -> list[int]:
+    """The nodes of ``tree`` a model that writes ``output`` accepts, from the root down."""
+    accepted: list[int] = []
+    node = ROOT
+    while len(accepted) < len(output):
+        child = tree.child(node, output[len(accepted)])
+        if child is None:
+            break
+        accepted.append(child)
+        node = child
+    return accepted
+
+
+def write_step_ends(path: Path, ends: Iterable[StepEnd], targets: Sequence[SimTarget],
+                    tokenizer: PreTrainedTokenizerBase, context_chars: int = 60) -> None:
+    """``ends`` as JSON lines, each with the missed token's text and the ``context_chars`` of
+    output before it (what a person reads to see why the drafter missed)."""
+    outputs = {target.id: target.output_ids for target in targets}
+    with open(path, "w") as handle:
+        for end in ends:
+            before = tokenizer.decode(outputs[end.item][: end.position])
+            handle.write(json.dumps({**vars(end), "text": tokenizer.decode([end.token]),
+                                     "before": before[-context_chars:]}) + "\n")
+
+
+def step_end_counts(ends: Iterable[StepEnd]) -> dict[str, dict[str, int]]:
+    """Per call state of the missed token: steps that ended there, of which the budget cut the
+    right branch (``cut``) or the drafter never proposed it (``not_proposed``)."""
+    counts: dict[str, dict[str, int]] = {}
+    for end in ends:
+        row = counts.setdefault(end.state, {"steps": 0, "cut": 0, "not_proposed": 0})
+        row["steps"] += 1
+        row["cut" if end.proposed > end.accepted else "not_proposed"] += 1
+    return dict(sorted(counts.items(), key=lambda entry: -entry[1]["steps"]))
+
+
 def format_report(report: SimReport) -> str:
     data = report.as_dict()
     speedup = report.estimated_speedup
@@ -258,4 +313,8 @@ def format_report(report: SimReport) -> str:
     lines += ["", f"{'source':<16}{'proposed':>9}{'accepted':>9}{'rate':>8}"]
     for source, row in data["acceptance_by_source"].items():
         lines.append(f"{source:<16}{row['proposed']:>9}{row['accepted']:>9}{row['rate']:>8.1%}")
+    lines += ["", "steps that ended before the output, by the missed token's call state",
+              f"{'state':<16}{'steps':>8}{'cut':>8}{'not proposed':>14}"]
+    for state, row in data["step_ends"].items():
+        lines.append(f"{state:<16}{row['steps']:>8}{row['cut']:>8}{row['not_proposed']:>14}")
     return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""The offline simulator's account of where verification steps ended (toy vocabulary)."""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from helpers import ToyTokenizer
+
+from toolspec.budget import FixedBudget
+from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.drafters.base import DraftRequest
+from toolspec.sim import SimTarget, simulate, step_end_counts, write_step_ends
+
+OUTPUT = (10, 11, 12, 13, 14, 15, 16, 17)
+
+
+class TwoBranchDrafter:
+    """Proposes a likely wrong token and, less likely, the true next two; knows nothing about
+    the tokens at ``unknown`` positions."""
+
+    name = "two-branch"
+
+    def __init__(self, unknown: frozenset[int]) -> None:
+        self.unknown = unknown
+        self.position = 0
+
+    def start(self, request: DraftRequest) -> None:
+        self.position = 0
+
+    def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        if self.position in self.unknown:
+            return DraftTree((99,), (ROOT,), ("guess",), (0.9,))
+        truth = OUTPUT[self.position: self.position + 2]
+        return DraftTree((99, *truth), (ROOT, ROOT, 1)[: len(truth) + 1],
+                         ("guess", "truth", "truth")[: len(truth) + 1],
+                         (0.9, 0.1, 1.0)[: len(truth) + 1])
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        self.position += len(accepted)
+
+    def stop(self) -> None:
+        pass
+
+
+def target() -> SimTarget:
+    return SimTarget("item", (1, 2, 3), OUTPUT, DraftRequest((1, 2, 3)))
+
+
+def test_steps_end_where_the_budget_cut_the_right_branch_or_none_was_proposed() -> None:
+    # Budget 1 keeps only the likely wrong guess: every step ends with the truth proposed
+    # but cut, except at position 3 where the drafter knew nothing.
+    report = simulate(TwoBranchDrafter(frozenset({3})), [target()], FixedBudget(1),
+                      ToyTokenizer())
+    ends = report.step_ends
+    assert [end.position for end in ends] == list(range(len(OUTPUT) - 1))
+    assert all(end.accepted == 0 and end.nodes == 1 for end in ends)
+    assert [end.proposed for end in ends] == [2, 2, 2, 0, 2, 2, 2]
+    assert step_end_counts(ends) == {"text": {"steps": 7, "cut": 6, "not_proposed": 1}}
+
+
+def test_a_tree_that_reaches_the_output_end_records_no_step_end(tmp_path: Path) -> None:
+    report = simulate(TwoBranchDrafter(frozenset({3})), [target()], FixedBudget(8),
+                      ToyTokenizer())
+    # With room for both branches the truth is accepted two tokens a step (plus the bonus):
+    # steps end at 2 (bonus 2), then the unknown position 3 costs a step of its own.
+    assert [(end.position, end.accepted, end.proposed) for end in report.step_ends] == [
+        (2, 2, 2), (3, 0, 0), (6, 2, 2)]
+    path = tmp_path / "ends.jsonl"
+    write_step_ends(path, report.step_ends, [target()], ToyTokenizer())
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[1]["text"] == "<13>" and rows[1]["before"] == "<10><11><12>"
