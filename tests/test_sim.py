@@ -55,7 +55,9 @@ def test_steps_end_where_the_budget_cut_the_right_branch_or_none_was_proposed() 
     assert [end.position for end in ends] == list(range(len(OUTPUT) - 1))
     assert all(end.accepted == 0 and end.nodes == 1 for end in ends)
     assert [end.proposed for end in ends] == [2, 2, 2, 0, 2, 2, 2]
-    assert step_end_counts(ends) == {"text": {"steps": 7, "cut": 6, "not_proposed": 1}}
+    # At position 3 the drafter guessed another token.
+    assert [end.cause for end in ends] == ["cut"] * 3 + ["other"] + ["cut"] * 3
+    assert step_end_counts(ends) == {"text": {"steps": 7, "cut": 6, "other": 1, "ran_out": 0}}
 
 
 def test_a_tree_that_reaches_the_output_end_records_no_step_end(tmp_path: Path) -> None:
@@ -65,6 +67,8 @@ def test_a_tree_that_reaches_the_output_end_records_no_step_end(tmp_path: Path) 
     # steps end at 2 (bonus 2), then the unknown position 3 costs a step of its own.
     assert [(end.position, end.accepted, end.proposed) for end in report.step_ends] == [
         (2, 2, 2), (3, 0, 0), (6, 2, 2)]
+    # After two true tokens the drafter had proposed nothing further: it ran out.
+    assert [end.cause for end in report.step_ends] == ["ran_out", "other", "ran_out"]
     path = tmp_path / "ends.jsonl"
     write_step_ends(path, report.step_ends, [target()], ToyTokenizer())
     rows = [json.loads(line) for line in path.read_text().splitlines()]

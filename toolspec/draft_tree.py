@@ -159,6 +159,10 @@ class DraftTree:
         """The child of ``node`` (``ROOT`` allowed) that holds ``token``, if any."""
         return self._children[node + 1].get(token)
 
+    def child_count(self, node: int) -> int:
+        """How many children ``node`` (``ROOT`` allowed) has."""
+        return len(self._children[node + 1])
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (inclusive)."""
         path: list[int] = []

@@ -101,7 +101,8 @@ class StepEnd:
 
     ``proposed`` counts the tokens the drafter's whole proposal (before the budget chose what to
     verify) would have had accepted: more than ``accepted`` means the budget cut the right
-    branch; equal means the drafter never proposed the token."""
+    branch; equal means the drafter never proposed the token, either guessing others
+    (``alternatives`` > 0) or proposing nothing further (it ran out there)."""
 
     item: str
     position: int  # of the missed token in the output
@@ -109,7 +110,15 @@ class StepEnd:
     token: int  # the missed token
     accepted: int  # draft tokens the verified tree had accepted in this step
     proposed: int  # ... the drafter's whole proposal would have had accepted
+    alternatives: int  # tokens the proposal offered where its accepted path ends
     nodes: int  # draft nodes verified
+
+    @property
+    def cause(self) -> str:
+        """``cut`` by the budget; the drafter proposed ``other`` tokens; or it ``ran_out``."""
+        if self.proposed > self.accepted:
+            return "cut"
+        return "other" if self.alternatives else "ran_out"
 
 
 @dataclass
@@ -220,9 +229,10 @@ def simulate(
             verifies = bool(tree) or not at_prefill  # a plain prefill is no verification
             if verifies and position + len(accepted) + 1 < len(output):  # ended short of it
                 missed = position + len(accepted)
+                reach = accepted_path(proposal, output[position:])
                 report.step_ends.append(StepEnd(
                     target.id, missed, states[missed].value, output[missed], len(accepted),
-                    len(accepted_path(proposal, output[position:])), len(tree)))
+                    len(reach), proposal.child_count(reach[-1] if reach else ROOT), len(tree)))
             if drafting:
                 with _drafting(report):
                     budget.observe(tree, accepted, rides_on_prefill=at_prefill)
@@ -285,18 +295,19 @@ def write_step_ends(path: Path, ends: Iterable[StepEnd], targets: Sequence[SimTa
     with open(path, "w") as handle:
         for end in ends:
             before = tokenizer.decode(outputs[end.item][: end.position])
-            handle.write(json.dumps({**vars(end), "text": tokenizer.decode([end.token]),
+            handle.write(json.dumps({**vars(end), "cause": end.cause,
+                                     "text": tokenizer.decode([end.token]),
                                      "before": before[-context_chars:]}) + "\n")
 
 
 def step_end_counts(ends: Iterable[StepEnd]) -> dict[str, dict[str, int]]:
-    """Per call state of the missed token: steps that ended there, of which the budget cut the
-    right branch (``cut``) or the drafter never proposed it (``not_proposed``)."""
+    """Per call state of the missed token: steps that ended there, and how many of them for
+    each ``StepEnd.cause``."""
     counts: dict[str, dict[str, int]] = {}
     for end in ends:
-        row = counts.setdefault(end.state, {"steps": 0, "cut": 0, "not_proposed": 0})
+        row = counts.setdefault(end.state, {"steps": 0, "cut": 0, "other": 0, "ran_out": 0})
         row["steps"] += 1
-        row["cut" if end.proposed > end.accepted else "not_proposed"] += 1
+        row[end.cause] += 1
     return dict(sorted(counts.items(), key=lambda entry: -entry[1]["steps"]))
 
 
@@ -313,8 +324,10 @@ def format_report(report: SimReport) -> str:
     lines += ["", f"{'source':<16}{'proposed':>9}{'accepted':>9}{'rate':>8}"]
     for source, row in data["acceptance_by_source"].items():
         lines.append(f"{source:<16}{row['proposed']:>9}{row['accepted']:>9}{row['rate']:>8.1%}")
-    lines += ["", "steps that ended before the output, by the missed token's call state",
-              f"{'state':<16}{'steps':>8}{'cut':>8}{'not proposed':>14}"]
+    lines += ["", "steps that ended before the output, by the missed token's call state: the "
+              "budget cut it, the drafter guessed other tokens, or it had nothing further",
+              f"{'state':<16}{'steps':>8}{'cut':>8}{'other':>8}{'ran out':>9}"]
     for state, row in data["step_ends"].items():
-        lines.append(f"{state:<16}{row['steps']:>8}{row['cut']:>8}{row['not_proposed']:>14}")
+        lines.append(f"{state:<16}{row['steps']:>8}{row['cut']:>8}{row['other']:>8}"
+                     f"{row['ran_out']:>9}")
     return "\n".join(lines)
