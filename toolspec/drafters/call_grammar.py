@@ -7,8 +7,8 @@ the ones before it). Fixed schema text has prior 1; a choice among tool names, p
 members or call endings splits the probability among the options. The caller drops the part the
 model has already typed (candidates that disagree with it are dropped entirely), so one code path
 serves "just after the colon", "half-way through a tool name" and "between parameters".
-Inside an object or array argument, ``NestedValueGrammar`` drafts the elements from the schema
-inside it, with this grammar's conversation values (``scalar_values``) as their candidates.
+Values copied from the conversation come from ``ConversationValues``; inside an object or array
+argument, ``NestedValueGrammar`` drafts the elements, with those values (``scalar_values``).
 
 Pure text; no tokenizer, no model.
 """
@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolspec.drafters.conversation_values import (MAX_SPANS, ConversationValues,
-                                                   is_written_number)
+from toolspec.drafters.conversation_values import ConversationValues, is_written_number
 from toolspec.drafters.date_values import complete_in_pattern, value_patterns
 from toolspec.drafters.nested_values import NestedBranch, NestedValueGrammar, Typing
 from toolspec.drafters.prompt_literals import NestedLiteral
@@ -407,7 +406,7 @@ class CallGrammar:
         matching = [(key != parameter, text) for key, text in texts
                     if len(text) > len(nested) and text.startswith(nested)]
         chosen = list(dict.fromkeys(text for _, text in sorted(matching, key=lambda m: m[0])))
-        chosen = chosen[:MAX_SPANS]
+        chosen = chosen[:_MAX_LITERALS]
         branches: list[Branch] = []
         for rank, text in enumerate(chosen):
             head = Segment(typed + text[len(nested):], LITERAL,
@@ -497,4 +496,5 @@ class CallGrammar:
         return branches
 
 
+_MAX_LITERALS = 3
 _TYPED_YEAR = re.compile(r"((?:19|20)\d\d)\b")
