@@ -134,3 +134,11 @@ def test_subtree_requires_parents_and_remaps_them() -> None:
     assert tree.subtree([0, 3]).tokens == (1, 4)
     with pytest.raises(ValueError, match="without its parent"):
         tree.subtree([1])
+
+
+def test_path_along_follows_the_tokens_as_far_as_the_tree_holds_them() -> None:
+    tree = DraftTree.from_sequences([([1, 2, 3], "a"), ([1, 4], "b")])
+    assert [tree.tokens[n] for n in tree.path_along([1, 2, 3, 9])] == [1, 2, 3]
+    assert [tree.tokens[n] for n in tree.path_along([1, 4])] == [1, 4]
+    assert tree.path_along([7]) == [] and tree.path_along([]) == []
+    assert tree.child_count(ROOT) == 1 and tree.child_count(tree.path_along([1])[0]) == 2

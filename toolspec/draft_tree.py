@@ -159,6 +159,19 @@ class DraftTree:
         """The child of ``node`` (``ROOT`` allowed) that holds ``token``, if any."""
         return self._children[node + 1].get(token)
 
+    def path_along(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes from the root down whose tokens are ``tokens``' first ones (as far as the
+        tree holds them): what a model that writes ``tokens`` accepts."""
+        path: list[int] = []
+        node = ROOT
+        for token in tokens:
+            child = self.child(node, token)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
     def child_count(self, node: int) -> int:
         """How many children ``node`` (``ROOT`` allowed) has."""
         return len(self._children[node + 1])

@@ -225,11 +225,11 @@ def simulate(
             with _drafting(report):
                 proposal = drafter.propose(context, room) if drafting else DraftTree()
                 tree = budget.select(proposal) if drafting else proposal
-            accepted = accepted_path(tree, output[position:])
+            accepted = tree.path_along(output[position:])
             verifies = bool(tree) or not at_prefill  # a plain prefill is no verification
             if verifies and position + len(accepted) + 1 < len(output):  # ended short of it
                 missed = position + len(accepted)
-                reach = accepted_path(proposal, output[position:])
+                reach = proposal.path_along(output[position:])
                 report.step_ends.append(StepEnd(
                     target.id, missed, states[missed].value, output[missed], len(accepted),
                     len(reach), proposal.child_count(reach[-1] if reach else ROOT), len(tree)))
@@ -272,19 +272,6 @@ def simulate(
                 if call.name in offered:
                     library.add(call, tenant)
     return report
-
-
-def accepted_path(tree: DraftTree, output: Sequence[int]) -> list[int]:
-    """The nodes of ``tree`` a model that writes ``output`` accepts, from the root down."""
-    accepted: list[int] = []
-    node = ROOT
-    while len(accepted) < len(output):
-        child = tree.child(node, output[len(accepted)])
-        if child is None:
-            break
-        accepted.append(child)
-        node = child
-    return accepted
 
 
 def write_step_ends(path: Path, ends: Iterable[StepEnd], targets: Sequence[SimTarget],

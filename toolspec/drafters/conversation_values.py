@@ -21,10 +21,10 @@ from toolspec.drafters.date_values import (DateMention, DateValue, find_date_men
 from toolspec.drafters.number_values import stated_numbers
 from toolspec.drafters.text_drafts import quoted_inner
 
-MAX_NUMBERS = 4
-MAX_STRINGS = 4
-MAX_DATES = 4
-MAX_SPANS = 3
+_MAX_NUMBERS = 4
+_MAX_STRINGS = 4
+_MAX_DATES = 4
+_MAX_SPANS = 3
 
 
 class ConversationValues:
@@ -62,13 +62,13 @@ class ConversationValues:
         written = (render(mention, pattern, year)
                    for index, mention in enumerate(self.dates) if index not in self.used_dates
                    for pattern in patterns)
-        return list(dict.fromkeys(value for value in written if value is not None))[:MAX_DATES]
+        return list(dict.fromkeys(value for value in written if value is not None))[:_MAX_DATES]
 
     def strings_for(self, parameter: str, share: float) -> list[tuple[str, float]]:
         """Unused string values (quoted text, names, ids, dates as written) for
         ``parameter``, likeliest first, with priors ``share``, half of it, a quarter, ..."""
         ranked = self._ranked_for(parameter, self._strings, self._strings_ranked, {})
-        return _halving([span for span in ranked if span not in self.used][:MAX_STRINGS], share)
+        return _halving([span for span in ranked if span not in self.used][:_MAX_STRINGS], share)
 
     def numbers_for(self, parameter: str, integers_only: bool,
                     share: float) -> list[tuple[str, float]]:
@@ -78,12 +78,12 @@ class ConversationValues:
         ranked = self._ranked_for(parameter, self._numbers, self._numbers_ranked,
                                   self._number_spellings)
         return _halving([n for n in ranked if n not in self.used
-                         and not (integers_only and "." in n)][:MAX_NUMBERS], share)
+                         and not (integers_only and "." in n)][:_MAX_NUMBERS], share)
 
     def numbers_going_on(self, partial: str, share: float) -> list[tuple[str, float]]:
         """The conversation's numbers that go on from the digits typed, sharing ``share``."""
         return _shared([n for n in self._numbers
-                        if len(n) > len(partial) and n.startswith(partial)][:MAX_NUMBERS], share)
+                        if len(n) > len(partial) and n.startswith(partial)][:_MAX_NUMBERS], share)
 
     def spans_going_on(self, partial: str, share: float) -> list[tuple[str, float]]:
         """The conversation's spans that go on from the string typed, sharing ``share``; for a
@@ -203,7 +203,7 @@ def spans_starting_with(conversation: str, partial: str, longest: int = 80) -> l
     (or to the end of the word), most recent first."""
     spans: list[str] = []
     at = conversation.rfind(partial)
-    while at >= 0 and len(spans) < MAX_SPANS:
+    while at >= 0 and len(spans) < _MAX_SPANS:
         tail = conversation[at: at + longest]
         stop = next((i for i, c in enumerate(tail) if i >= len(partial) and c in _SPAN_STOPS),
                     len(tail))
@@ -214,4 +214,4 @@ def spans_starting_with(conversation: str, partial: str, longest: int = 80) -> l
             if len(span) > len(partial) and span not in spans:
                 spans.append(span)
         at = conversation.rfind(partial, 0, at)
-    return spans[:MAX_SPANS]
+    return spans[:_MAX_SPANS]
