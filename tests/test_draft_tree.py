@@ -80,6 +80,26 @@ def test_merge_adds_other_trees_nodes_under_matching_paths() -> None:
     assert first.merge(second, budget=3).tokens == (1, 2, 3)
 
 
+def test_merge_under_a_node_hangs_the_other_tree_below_it() -> None:
+    tree = DraftTree.from_sequences([([1, 2], "fsm"), ([5], "fsm")])
+    below = DraftTree.from_sequences([([3, 4], "suffix"), ([6], "suffix")])
+    merged = tree.merge(below, under=1)
+    assert merged.tokens[:3] == tree.tokens  # the tree's own nodes keep their indices
+    assert [merged.tokens[n] for n in merged.path_to(merged.child(merged.child(1, 3), 4))] \
+        == [1, 2, 3, 4]
+    assert merged.child(1, 6) is not None and merged.child(ROOT, 6) is None
+    assert tree.merge(below, budget=4, under=1).tokens == (1, 2, 5, 3)
+    with pytest.raises(ValueError, match="below node 3"):
+        tree.merge(below, under=3)
+
+
+def test_reaches_multiply_priors_down_each_path_and_leaves_have_no_children() -> None:
+    tree = DraftTree((1, 2, 3, 4), (ROOT, 0, 0, ROOT), ("a",) * 4, (0.5, 0.5, 0.25, 1.0))
+    assert tree.reaches == (0.5, 0.25, 0.125, 1.0)
+    assert tree.leaves() == [1, 2, 3]
+    assert tree.paths() == [[0, 1], [0, 2], [3]]
+
+
 @pytest.mark.parametrize(
     "tokens,parents,sources",
     [((1, 2), (ROOT, 1), ("a", "a")), ((1,), (ROOT, 0), ("a",)), ((1,), (-2,), ("a",))],

@@ -254,3 +254,62 @@ def test_texts_tokenized_together_equal_each_tokenized_alone(qwen_tokenizer) -> 
     cached = TokenContinuer(tokenizer)
     cached.continue_many(committed, texts[:2])
     assert cached.continue_many(committed, texts) == together
+
+
+def test_the_fallback_goes_on_below_the_likeliest_leaves(qwen_tokenizer) -> None:
+    """Where the sources' drafts stop, a fallback that drafts after any context
+    (``ContextDrafter``) continues the likeliest leaves as if their paths had been emitted, no
+    deeper than the budget; a fallback that cannot is asked about the step's context only."""
+    from collections.abc import Sequence
+
+    from toolspec.draft_tree import ROOT, DraftTree
+    from toolspec.drafters.base import ContextDrafter, DraftRequest
+
+    class Echo:
+        name = "echo"
+
+        def __init__(self) -> None:
+            self.asked: list[tuple[int, ...]] = []
+
+        def start(self, request: DraftRequest) -> None: ...
+        def observe(self, emitted: Sequence[int]) -> None: ...
+        def stop(self) -> None: ...
+
+        def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+            return self.propose_after(context, budget)
+
+        def propose_after(self, context: Sequence[int], budget: int) -> DraftTree:
+            self.asked.append(tuple(context))
+            return DraftTree.from_sequences([([98, 99][:budget], self.name)])
+
+    tools = ToolSet.from_functions([{"name": "f", "parameters": {
+        "type": "object", "required": ["unit"], "properties": {
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "city": {"type": "string"}}}}])
+    prefix = qwen_tokenizer.encode('{"name": "f", "arguments": {"unit": "')
+    context = [1, 2, *prefix]
+    request = DraftRequest((1, 2), tools, get_format("json"), "Weather in Paris, in celsius")
+
+    def proposed(fallback, budget: int = 12, extended_leaves: int = 2) -> DraftTree:
+        drafter = SchemaDrafter(qwen_tokenizer, fallback=fallback)
+        drafter.extended_leaves = extended_leaves
+        drafter.start(request)
+        drafter.observe(prefix)
+        return drafter.propose(context, budget)
+
+    sources_only = proposed(None)
+    leaves = [leaf for leaf in sources_only.leaves()
+              if sources_only.tokens[leaf] != qwen_tokenizer.eos_token_id]
+    likeliest = sorted(leaves, key=lambda leaf: -sources_only.reaches[leaf])[:2]
+    echo = Echo()
+    assert isinstance(echo, ContextDrafter)
+    tree = proposed(echo)
+    assert tree.tokens[: len(sources_only)] == sources_only.tokens
+    grafted = {tree.parents[node] for node in range(len(tree))
+               if tree.tokens[node] == 98 and tree.parents[node] != ROOT}
+    assert grafted == set(likeliest)
+    paths = {tuple(tree.tokens[n] for n in sources_only.path_to(leaf)) for leaf in likeliest}
+    assert {asked[len(context):] for asked in echo.asked[:-1]} == paths
+    assert echo.asked[-1] == tuple(context)  # the root's draft comes last, as before
+    assert tree.max_depth() <= 12
+    assert len(proposed(Echo(), extended_leaves=0)) == len(sources_only) + 2

@@ -124,10 +124,15 @@ class DraftTree:
             tuple(self.priors[n] for n in nodes),
         )
 
-    def merge(self, other: DraftTree, budget: int | None = None) -> DraftTree:
-        """This tree with ``other``'s nodes added (shared prefixes merged) within ``budget``."""
+    def merge(self, other: DraftTree, budget: int | None = None, under: int = ROOT) -> DraftTree:
+        """This tree with ``other``'s nodes added (shared prefixes merged) within ``budget``.
+
+        ``other`` hangs below node ``under`` (the root by default): its top-level nodes become
+        that node's children. This tree's nodes keep their indices."""
+        if not ROOT <= under < len(self):
+            raise ValueError(f"cannot merge below node {under}: the tree has {len(self)} nodes")
         builder = _TrieBuilder.of(self)
-        placed: dict[int, int] = {ROOT: ROOT}  # other's node -> node in the merged tree
+        placed: dict[int, int] = {ROOT: under}  # other's node -> node in the merged tree
         for index, (token, parent, source, prior) in enumerate(
             zip(other.tokens, other.parents, other.sources, other.priors)
         ):
@@ -146,6 +151,19 @@ class DraftTree:
         for parent in self.parents:
             depths.append(1 if parent == ROOT else depths[parent] + 1)
         return tuple(depths)
+
+    @cached_property
+    def reaches(self) -> tuple[float, ...]:
+        """Each node's prior times its ancestors': the drafter's chance that it is accepted."""
+        reaches: list[float] = []
+        for parent, prior in zip(self.parents, self.priors):
+            reaches.append(prior if parent == ROOT else reaches[parent] * prior)
+        return tuple(reaches)
+
+    def leaves(self) -> list[int]:
+        """The nodes without children, in index order."""
+        has_child = {parent for parent in self.parents if parent != ROOT}
+        return [node for node in range(len(self)) if node not in has_child]
 
     @cached_property
     def _children(self) -> tuple[dict[int, int], ...]:
@@ -186,8 +204,7 @@ class DraftTree:
 
     def paths(self) -> list[list[int]]:
         """Every root-to-leaf path, as node indices."""
-        has_child = {parent for parent in self.parents if parent != ROOT}
-        return [self.path_to(leaf) for leaf in range(len(self)) if leaf not in has_child]
+        return [self.path_to(leaf) for leaf in self.leaves()]
 
     def max_depth(self) -> int:
         return max(self.depths, default=0)

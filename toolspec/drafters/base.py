@@ -60,6 +60,25 @@ class Drafter(Protocol):
         """End the request; release per-request state."""
 
 
+@runtime_checkable
+class ContextDrafter(Protocol):
+    """A drafter whose drafts depend on the context it is given, which may be hypothetical.
+
+    ``propose_after`` may be asked about a context that runs past the tokens emitted so far (a
+    draft tree's leaf, say), to draft what would follow it there; it reads nothing but that
+    context and what the drafter learned before this step. Mutates: nothing.
+    """
+
+    def propose_after(self, context: Sequence[int], budget: int) -> DraftTree:
+        """Draft what follows ``context``, at most ``budget`` nodes; like ``propose``, without
+        touching the drafter's state."""
+
+
+def context_drafter(drafter: object) -> ContextDrafter | None:
+    """``drafter`` as a ``ContextDrafter`` if it is one, else None."""
+    return drafter if isinstance(drafter, ContextDrafter) else None
+
+
 class NoDrafter:
     """Proposes nothing: the engine then decodes one token per step (plain autoregressive)."""
 

@@ -122,6 +122,11 @@ class SuffixDecodingDrafter:
         return best
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
+        return self.propose_after(context, budget)
+
+    def propose_after(self, context: Sequence[int], budget: int) -> DraftTree:
+        """The best tree after ``context``, emitted or not (``ContextDrafter``): both tries are
+        read from the context's last tokens. Mutates: nothing."""
         best = self.best_tree(context, budget)
         return best.tree if best is not None else DraftTree()
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.draft_tree import DraftTree, WeightedDraft
-from toolspec.drafters.base import DraftRequest, Drafter
+from toolspec.drafters.base import DraftRequest, Drafter, context_drafter
 from toolspec.drafters.style import StyleMemory
 from toolspec.drafters.text_drafts import CLOSE, TextDraft, scaled
 from toolspec.formats import CallFormat, CallScanner, JsonStyle
@@ -80,8 +80,10 @@ class ToolCallDrafter:
     """Drafts tool calls from candidate ``sources`` over a generic ``fallback`` drafter.
 
     When several sources propose, their candidates are mixed with equal weight. The
-    ``eos_token_id`` is drafted after a call block that ends the output. Mutates: per-request
-    state and the cross-request ``StyleMemory``.
+    ``eos_token_id`` is drafted after a call block that ends the output. A fallback that can
+    draft after any context (``ContextDrafter``) also goes on below the ``extended_leaves``
+    likeliest leaves of the sources' tree. Mutates: per-request state and the cross-request
+    ``StyleMemory``.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class ToolCallDrafter:
         eos_token_id: int | None = None,
         max_candidates: int = 48,
         name: str = "toolspec",
+        extended_leaves: int = 1,
     ) -> None:
         self.name = name
         self.tokenizer = tokenizer
@@ -100,6 +103,7 @@ class ToolCallDrafter:
         self.fallback = fallback
         self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
         self.max_candidates = max_candidates
+        self.extended_leaves = extended_leaves
         self.memory = StyleMemory()
         self._request: DraftRequest | None = None
         self._tracker: OutputTracker | None = None
@@ -161,9 +165,28 @@ class ToolCallDrafter:
         drafts = self.text_drafts()
         tokenized = self.continuer.continue_many(context, [draft.text for draft in drafts])
         weighted = [w for w in map(self._weighted, drafts, tokenized) if w]
-        tree = DraftTree.from_weighted(weighted, budget)
+        tree = self._extend_leaves(context, DraftTree.from_weighted(weighted, budget), budget)
         if self.fallback is not None:
             tree = tree.merge(self.fallback.propose(context, budget), len(tree) + budget)
+        return tree
+
+    def _extend_leaves(self, context: Sequence[int], tree: DraftTree, budget: int) -> DraftTree:
+        """``tree`` with the fallback's drafts below its likeliest leaves that do not end the
+        output, each as if the leaf's path had been emitted: where the sources stop (the
+        end of what a value's known start or a stored call says) the model often goes on as
+        the fallback predicts (a phrase of the prompt, an earlier output's rest)."""
+        extender = context_drafter(self.fallback)
+        if extender is None or self.extended_leaves <= 0 or not tree:
+            return tree
+        reaches, depths = tree.reaches, tree.depths
+        leaves = [leaf for leaf in tree.leaves()
+                  if tree.tokens[leaf] != self.eos_token_id and depths[leaf] < budget]
+        leaves.sort(key=lambda leaf: -reaches[leaf])
+        for leaf in leaves[: self.extended_leaves]:
+            path = [tree.tokens[node] for node in tree.path_to(leaf)]
+            room = budget - depths[leaf]
+            tree = tree.merge(extender.propose_after([*context, *path], room),
+                              len(tree) + room, under=leaf)
         return tree
 
     def text_drafts(self) -> list[TextDraft]:
