@@ -180,6 +180,22 @@ def test_suffix_drafts_by_frequency_and_evicts_old_outputs() -> None:
     assert drafter.global_trie.counts()[(1, 2)] == 2
 
 
+def test_suffix_drafts_after_a_context_not_yet_emitted_without_changing() -> None:
+    """``propose_after`` reads only the context it is given: after a hypothetical continuation
+    (a draft's leaf) it drafts what the request's own text says follows there, and the
+    drafter's next real proposal is what it would have been."""
+    from toolspec.drafters.base import ContextDrafter, context_drafter
+
+    drafter = SuffixDecodingDrafter()
+    assert context_drafter(drafter) is drafter and isinstance(drafter, ContextDrafter)
+    assert context_drafter(PromptLookupDrafter()) is None  # drafts from its own copy
+    drafter.start(DraftRequest((4, 5, 6, 7, 8, 1)))
+    drafter.observe([2])
+    before = drafter.propose([4, 5, 6, 7, 8, 1, 2], 8)
+    assert drafter.propose_after([4, 5, 6, 7, 8, 1, 2, 4, 5], 2).tokens == (6, 7)
+    assert drafter.propose([4, 5, 6, 7, 8, 1, 2], 8) == before
+
+
 def test_suffix_drafters_sharing_a_cache_learn_from_each_other() -> None:
     cache = SuffixOutputCache()
     first, second = SuffixDecodingDrafter(cache=cache), SuffixDecodingDrafter(cache=cache)

@@ -75,6 +75,10 @@ def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None
         assert method["identical_to_ar"] == 1.0  # fp32: exact
     assert results["methods"]["ar"]["mat"] == 1.0
     assert results["methods"]["ar"]["decode_speedup"] == 1.0
+    # The auto budget's curve is recorded, and a replay can size its trees to it.
+    from toolspec.budget import CostModel
+    assert results["cost_curve"]["1"] == 1.0
+    assert CostModel.load(tmp_path / "results.json").cost(64) == results["cost_curve"]["64"]
     assert results["methods"]["oracle"]["mat"] > 3
     lines = (tmp_path / "items.jsonl").read_text().splitlines()
     assert len(lines) == 6

@@ -1,7 +1,20 @@
+import json
+
 import pytest
 
-from toolspec.budget import AcceptanceCalibration, CostAwareBudget, CostModel, FixedBudget
+from toolspec.budget import (AcceptanceCalibration, CostAwareBudget, CostCurveFileError,
+                             CostModel, FixedBudget)
 from toolspec.draft_tree import ROOT, DraftTree, WeightedDraft
+
+
+def test_cost_curves_load_from_curve_files_and_bench_results(tmp_path) -> None:
+    (tmp_path / "cost_curve.json").write_text(json.dumps({"seconds": {"1": 0.1, "4": 0.2}}))
+    (tmp_path / "results.json").write_text(json.dumps({"cost_curve": {"1": 1.0, "4": 2.0}}))
+    (tmp_path / "fixed.json").write_text(json.dumps({"cost_curve": None, "methods": {}}))
+    for name in ("cost_curve.json", "results.json"):
+        assert CostModel.load(tmp_path / name).cost(4) == pytest.approx(2.0)
+    with pytest.raises(CostCurveFileError, match="fixed.json: holds no cost curve"):
+        CostModel.load(tmp_path / "fixed.json")
 
 
 def test_cost_model_interpolates_and_extrapolates() -> None:

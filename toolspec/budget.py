@@ -119,6 +119,10 @@ class FixedBudget:
         self.calibration.observe(tree, accepted)
 
 
+class CostCurveFileError(ValueError):
+    """A file read as a cost curve holds none."""
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Relative cost of one verification forward over k tokens (root included); cost(1) = 1."""
@@ -142,9 +146,16 @@ class CostModel:
 
     @classmethod
     def load(cls, path: Path) -> CostModel:
-        """From the ``cost_curve.json`` written by ``toolspec bench cost-curve --out``."""
+        """From a ``cost_curve.json`` (``toolspec bench cost-curve --out``, or the cache) or a
+        bench run's ``results.json`` (the curve its budget sized trees to)."""
         data = json.loads(Path(path).read_text())
-        return cls.from_timings({int(k): float(v) for k, v in data["seconds"].items()})
+        curve = data.get("seconds") or data.get("cost_curve")
+        if not isinstance(curve, dict) or not curve:
+            raise CostCurveFileError(
+                f"{path}: holds no cost curve (neither 'seconds' per size, as `toolspec bench "
+                f"cost-curve --out` writes, nor the 'cost_curve' a bench run with an auto "
+                f"budget records)")
+        return cls.from_timings({int(k): float(v) for k, v in curve.items()})
 
     def cost(self, k: int) -> float:
         """Piecewise-linear in k; past the last measured size, extrapolated with the last slope."""

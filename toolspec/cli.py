@@ -34,6 +34,7 @@ def _bench(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import parse_methods
     from toolspec.bench.run import (ResultLog, build_engines, format_table, load_finished,
                                     results_document, run_items, summarize, write_summary)
+    from toolspec.cost_curve import cached_cost_model
     from toolspec.datasets import load_dataset
     from toolspec.engine import GenerationParams
     from toolspec.models import freeze_loaded_objects, load_model
@@ -44,7 +45,9 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
     loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
-    engines = build_engines(loaded, methods, args.budget, args.draft_at_prefill)
+    cost = None if args.budget is not None else cached_cost_model(
+        loaded, refresh=args.refresh_cost_curve)
+    engines = build_engines(loaded, methods, args.budget, args.draft_at_prefill, cost)
     freeze_loaded_objects()
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     finished = load_finished(args.out / "items.jsonl", methods) if args.out else {}
@@ -62,6 +65,8 @@ def _bench(args: argparse.Namespace) -> int:
     document = results_document(loaded, len(items), summary, {
         "data": str(args.data), "draft_budget": args.budget or "auto",
         "max_new_tokens": args.max_new_tokens,
+        # What the budget sized trees to: a replay of this run needs the same curve.
+        "cost_curve": None if cost is None else dict(zip(map(str, cost.sizes), cost.relative)),
         "library": {"seeded_calls": seeded, "seed": str(args.seed_library)} if seeded is not None
         else None,
         "acceptance_by_source": {method: rates for method, engine in engines.items()
@@ -185,7 +190,7 @@ def _cost_curve(args: argparse.Namespace) -> int:
 
 def _sim(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import METHODS, MethodSetup, parse_methods
-    from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
+    from toolspec.budget import CostAwareBudget, CostCurveFileError, CostModel, FixedBudget
     from toolspec.datasets import load_dataset
     from toolspec.models import freeze_loaded_objects, load_tokenizer
     from toolspec.sim import (format_report, recorded_targets, reference_targets, simulate,
@@ -198,7 +203,11 @@ def _sim(args: argparse.Namespace) -> int:
     call_format = _call_format(args.format)
     targets = (recorded_targets(tokenizer, items, args.recorded, call_format=call_format)
                if args.recorded else reference_targets(tokenizer, items, call_format))
-    cost = CostModel.load(args.cost_curve) if args.cost_curve else None
+    try:
+        cost = CostModel.load(args.cost_curve) if args.cost_curve else None
+    except CostCurveFileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
     with _library(args, [method]) as library:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
@@ -347,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--budget", default=None, type=_budget,
                        help="draft nodes verified per step: a number, or auto (default) to size "
                             "each tree to this machine's measured cost curve")
+    bench.add_argument("--refresh-cost-curve", action="store_true",
+                       help="measure this machine's cost curve anew (about half a minute on a "
+                            "CPU) instead of reading the cached one: for a machine whose speed "
+                            "changed since it was cached")
     bench.add_argument("--max-new-tokens", type=int, default=192)
     bench.add_argument("--out", type=Path,
                        help="write results.json and items.jsonl here; a run into the same folder "
@@ -416,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer to use")
     sim.add_argument("--budget", type=int, default=16, help="draft nodes per step")
     sim.add_argument("--cost-curve", type=Path,
-                     help="cost_curve.json: size trees to it instead of a fixed budget")
+                     help="cost_curve.json, or a bench run's results.json (the curve its budget "
+                          "used): size trees to it instead of a fixed budget")
     sim.add_argument("--recorded", type=Path,
                      help="items.jsonl from toolspec bench: replay its ar outputs")
     sim.add_argument("--json", type=Path, help="write the report here")

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
-from toolspec.budget import CostAwareBudget, DraftBudget
+from toolspec.budget import CostAwareBudget, CostModel, DraftBudget
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
@@ -376,13 +376,16 @@ def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine
 
 
 def build_engines(loaded: LoadedModel, methods: Sequence[str],
-                  fixed_budget: int | None = None, draft_at_prefill: bool = True
-                  ) -> dict[str, Engine]:
-    """One engine per method over the same model, each with a budget of its own (sized to this
-    machine's cost curve, or a fixed node cap): what one method's drafts taught a budget about
-    a draft source must not steer another method's trees."""
+                  fixed_budget: int | None = None, draft_at_prefill: bool = True,
+                  cost: CostModel | None = None) -> dict[str, Engine]:
+    """One engine per method over the same model, each with a budget of its own (sized to
+    ``cost``, by default this machine's cached cost curve, or a fixed node cap): what one
+    method's drafts taught a budget about a draft source must not steer another method's trees."""
     model = TargetModel(loaded.model)
-    cost = cached_cost_model(loaded) if fixed_budget is None else None
+    if fixed_budget is not None:
+        cost = None
+    elif cost is None:
+        cost = cached_cost_model(loaded)
 
     def budget() -> DraftBudget | int:
         if cost is None:

@@ -3,8 +3,10 @@
 Per step it reads the output so far through the format's incremental scanner, asks each
 ``CandidateSource`` (the schema grammar, the call library) for candidate continuations as text,
 turns each into the token ids the model's tokenizer would produce in context
-(``TokenContinuer``), and merges them into one weighted trie. A generic drafter (prompt lookup by
-default) adds its own branches for what the sources cannot predict — free-text values and prose.
+(``TokenContinuer``), and merges them into one weighted trie. A generic drafter (``suffix`` in the
+shipped methods) adds its own branches for what the sources cannot predict — free-text values and
+prose — at the step's root and, when it can draft after any context, below the sources' likeliest
+leaf.
 """
 
 from __future__ import annotations
@@ -158,8 +160,8 @@ class ToolCallDrafter:
     # ---- drafting -------------------------------------------------------------------------
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
-        """Up to ``budget`` nodes from the sources and up to ``budget`` from the fallback, in one
-        trie (no path deeper than ``budget``). The engine's draft budget picks what is verified
+        """Up to ``budget`` nodes from the sources, up to ``budget`` from the fallback at the
+        root and as many below each extended leaf, in one trie (no path deeper than ``budget``). The engine's draft budget picks what is verified
         by calibrated acceptance, so sources offering many unlikely candidates (every way to end
         a string value, say) cannot crowd out the fallback's likely ones (the value's rest)."""
         drafts = self.text_drafts()
