@@ -106,6 +106,7 @@ class ToolCallDrafter:
         self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
         self.max_candidates = max_candidates
         self.extended_leaves = extended_leaves
+        self._extender = context_drafter(fallback)  # checked once: propose runs every step
         self.memory = StyleMemory()
         self._request: DraftRequest | None = None
         self._tracker: OutputTracker | None = None
@@ -161,9 +162,10 @@ class ToolCallDrafter:
 
     def propose(self, context: Sequence[int], budget: int) -> DraftTree:
         """Up to ``budget`` nodes from the sources, up to ``budget`` from the fallback at the
-        root and as many below each extended leaf, in one trie (no path deeper than ``budget``). The engine's draft budget picks what is verified
-        by calibrated acceptance, so sources offering many unlikely candidates (every way to end
-        a string value, say) cannot crowd out the fallback's likely ones (the value's rest)."""
+        root and as many below each extended leaf, in one trie (no path deeper than
+        ``budget``). The engine's draft budget picks what is verified by calibrated acceptance,
+        so sources offering many unlikely candidates (every way to end a string value, say)
+        cannot crowd out the fallback's likely ones (the value's rest)."""
         drafts = self.text_drafts()
         tokenized = self.continuer.continue_many(context, [draft.text for draft in drafts])
         weighted = [w for w in map(self._weighted, drafts, tokenized) if w]
@@ -175,9 +177,9 @@ class ToolCallDrafter:
     def _extend_leaves(self, context: Sequence[int], tree: DraftTree, budget: int) -> DraftTree:
         """``tree`` with the fallback's drafts below its likeliest leaves that do not end the
         output, each as if the leaf's path had been emitted: where the sources stop (the
-        end of what a value's known start or a stored call says) the model often goes on as
-        the fallback predicts (a phrase of the prompt, an earlier output's rest)."""
-        extender = context_drafter(self.fallback)
+        end of what a value's known start or a stored call says) the model sometimes goes on
+        as the fallback predicts (a phrase of the prompt, an earlier output's rest)."""
+        extender = self._extender
         if extender is None or self.extended_leaves <= 0 or not tree:
             return tree
         reaches, depths = tree.reaches, tree.depths
