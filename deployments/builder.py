@@ -38,7 +38,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    draft_budget: int | Literal["auto"] = Field(7, description="nodes verified per step")
+    draft_budget: int | Literal["auto"] = Field(
+        "auto", description="nodes verified per step; auto: the tree that pays most on this "
+                            "machine's measured verification cost curve")
     prepack_linear: bool = Field(
         True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
                           "cheap verification; false for PyTorch's stock kernels)")

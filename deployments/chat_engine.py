@@ -45,7 +45,7 @@ class EngineSettings:
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
-    draft_budget: int | Literal["auto"] = 7
+    draft_budget: int | Literal["auto"] = "auto"
     session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
     # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
     # packed copy costs the weights' memory again). False: PyTorch's stock kernels.

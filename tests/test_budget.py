@@ -171,3 +171,41 @@ def test_cost_curve_times_every_size_once_per_round() -> None:
     assert model.rows == [1, 4, 2] * 3  # a warm-up round, then two timed ones
     assert set(model.cache_lengths) == {8}
     assert sorted(timings) == [1, 2, 4] and all(t > 0 for t in timings.values())
+
+
+def test_processes_sharing_a_machine_measure_its_cost_curve_once(tmp_path, monkeypatch) -> None:
+    """Replicas starting together take a lock: one measures (alone, so no replica times the
+    others' load), the rest wait and read the file it replaced atomically."""
+    import threading
+    import time
+
+    import torch
+    from helpers import tiny_model
+    from toolspec import cost_curve
+    from toolspec.models import LoadedModel
+
+    monkeypatch.setenv("TOOLSPEC_HOME", str(tmp_path))
+    measured: list[int] = []
+
+    def slow_measurement(model, sizes, repeats):  # type: ignore[no-untyped-def]
+        measured.append(len(sizes))
+        time.sleep(0.3)  # long enough for the other callers to arrive while it measures
+        return {k: 0.1 * (1 + 0.05 * (k - 1)) for k in sizes}
+
+    monkeypatch.setattr(cost_curve, "measure_cost_curve", slow_measurement)
+    loaded = LoadedModel("tiny", tiny_model("qwen2", vocab_size=64), None,  # type: ignore[arg-type]
+                         torch.float32, torch.device("cpu"))
+    curves = []
+    threads = [threading.Thread(target=lambda: curves.append(cost_curve.cached_cost_model(loaded)))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(measured) == 1 and len(curves) == 3
+    assert [curve.cost(8) for curve in curves] == pytest.approx([1.35] * 3)
+    written = list((tmp_path / "cost-curves").iterdir())
+    assert [p.suffix for p in written if not p.name.startswith(".")] == [".json"]
+    assert not [p for p in written if p.name.endswith(".partial")]
+    cost_curve.cached_cost_model(loaded, refresh=True)  # refresh measures again, in place
+    assert len(measured) == 2

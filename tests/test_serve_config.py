@@ -31,6 +31,9 @@ def test_serve_config_validates_and_matches_the_builder() -> None:
     assert model.request_router_config["request_router_class"] == SESSION_ROUTER
     assert set(model.user_config) == {"model", "dtype", "draft_budget"}
     assert config.engine_settings().prepack_linear
+    # Served trees are sized as the benchmarks' are (a fixed 7 replays 1.2-1.6x slower).
+    assert config.model.draft_budget == model.user_config["draft_budget"] == "auto"
+    assert AppConfig().engine_settings().draft_budget == "auto"
 
 
 def test_unknown_args_are_rejected_at_deploy_time() -> None:

@@ -4,6 +4,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from helpers import ToyTokenizer
 
 from toolspec.budget import FixedBudget
@@ -73,3 +74,21 @@ def test_a_tree_that_reaches_the_output_end_records_no_step_end(tmp_path: Path) 
     write_step_ends(path, report.step_ends, [target()], ToyTokenizer())
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows[1]["text"] == "<13>" and rows[1]["before"] == "<10><11><12>"
+
+
+def test_sim_estimates_a_fixed_budget_on_a_cost_curve(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`--budget` with `--cost-curve` replays the fixed cap and prices it on the curve (how the
+    served default was compared with a fixed 7); the curve alone sizes the trees itself."""
+    from toolspec.cli import main
+    from toolspec.datasets import sample_path
+
+    curve = tmp_path / "cost_curve.json"
+    curve.write_text(json.dumps({"seconds": {"1": 0.1, "8": 0.15, "64": 0.5}}))
+    common = ["sim", "--drafter", "pld", "--data", str(sample_path()), "--limit", "2",
+              "--cost-curve", str(curve)]
+    assert main([*common, "--budget", "3"]) == 0
+    fixed = capsys.readouterr().out
+    assert "budget 3\n" in fixed and "estimated decode speed-up" in fixed
+    assert main(common) == 0
+    assert "cost-aware budget" in capsys.readouterr().out

@@ -188,9 +188,13 @@ def _cost_curve(args: argparse.Namespace) -> int:
     return 0
 
 
+_SIM_BUDGET = 16  # draft nodes per step when neither a budget nor a cost curve is given
+
+
 def _sim(args: argparse.Namespace) -> int:
     from toolspec.bench.methods import METHODS, MethodSetup, parse_methods
-    from toolspec.budget import CostAwareBudget, CostCurveFileError, CostModel, FixedBudget
+    from toolspec.budget import (CostAwareBudget, CostCurveFileError, CostModel, DraftBudget,
+                                 FixedBudget)
     from toolspec.datasets import load_dataset
     from toolspec.models import freeze_loaded_objects, load_tokenizer
     from toolspec.sim import (format_report, recorded_targets, reference_targets, simulate,
@@ -208,14 +212,19 @@ def _sim(args: argparse.Namespace) -> int:
     except CostCurveFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    budget = CostAwareBudget(cost) if cost is not None else FixedBudget(args.budget)
+    budget: DraftBudget
+    if args.budget is None and cost is not None:
+        budget, sized = CostAwareBudget(cost), "cost-aware budget"
+    else:
+        nodes = args.budget if args.budget is not None else _SIM_BUDGET
+        budget, sized = FixedBudget(nodes), f"budget {nodes}"
     with _library(args, [method]) as library:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
         freeze_loaded_objects()  # as bench and serving do: drafting times without old objects' GC
         report = simulate(drafter, targets, budget, tokenizer, cost, library=library,
                           tenant=args.tenant, draft_at_prefill=args.draft_at_prefill)
     print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "
-          f"{'cost-aware budget' if args.cost_curve else f'budget {args.budget}'}")
+          f"{sized}")
     print(format_report(report))
     if args.json:
         document = {"drafter": method, "data": str(args.data), **report.as_dict()}
@@ -427,10 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--limit", type=int, default=None)
     sim.add_argument("--drafter", default="schema", help="schema, pld, or any bench method")
     sim.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer to use")
-    sim.add_argument("--budget", type=int, default=16, help="draft nodes per step")
+    sim.add_argument("--budget", type=int, default=None,
+                     help="draft nodes per step (default: sized to --cost-curve, else 16); with "
+                          "--cost-curve, a fixed cap whose speed-up the curve estimates")
     sim.add_argument("--cost-curve", type=Path,
                      help="cost_curve.json, or a bench run's results.json (the curve its budget "
-                          "used): size trees to it instead of a fixed budget")
+                          "used): size trees to it (unless --budget) and estimate the speed-up")
     sim.add_argument("--recorded", type=Path,
                      help="items.jsonl from toolspec bench: replay its ar outputs")
     sim.add_argument("--json", type=Path, help="write the report here")

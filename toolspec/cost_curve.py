@@ -19,7 +19,7 @@ from toolspec.bench.machine import describe_machine
 from toolspec.budget import CostModel
 from toolspec.draft_tree import DraftTree
 from toolspec.grouped_attention import attention_implementation
-from toolspec.models import LoadedModel, dtype_name, toolspec_home
+from toolspec.models import LoadedModel, dtype_name, exclusive_lock, toolspec_home
 from toolspec.target_model import TargetModel, commit_path
 
 # Dense at the small end, where CPU matmul kernels change regime (often between 3 and 4 rows).
@@ -71,7 +71,8 @@ STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     """The cost curve of ``loaded`` on this machine, measured on first use and then cached.
 
-    Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures.
+    Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures (under a lock
+    file beside it, so processes sharing the machine measure once).
     """
     machine = describe_machine(loaded.device)
     # Weight packing and the attention function change the curve.
@@ -80,11 +81,15 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     key = hashlib.sha256(
         f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"
-    if path.is_file() and not refresh:
-        return CostModel.load(path)
-    timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=5)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))
+    # Replicas starting together on one machine: one measures (alone, so the timings are not
+    # each other's load) while the others wait, then read what it wrote.
+    with exclusive_lock(path.with_name(f".{path.name}.lock")):
+        if path.is_file() and not refresh:
+            return CostModel.load(path)
+        timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=5)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))
+        partial.replace(path)  # a reader never sees half a file
     return CostModel.from_timings(timings)
 
 

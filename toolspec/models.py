@@ -218,7 +218,9 @@ def assemble_gguf(spec: PackagedModel, destination: Path) -> None:
 
 
 @contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block: other
+    processes on this machine taking the same lock wait. Mutates: creates ``path``'s folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -244,7 +246,7 @@ def converted_dir(spec: PackagedModel, home: Path | None = None) -> Path:
     target = home / "models" / spec.name
     if _is_converted(target, spec):
         return target
-    with _exclusive_lock(home / "models" / f".{spec.name}.lock"):
+    with exclusive_lock(home / "models" / f".{spec.name}.lock"):
         if _is_converted(target, spec):  # another process finished while we waited
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=home / "models"))
@@ -315,7 +317,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase
     target = home / "tokenizers" / spec.name
     if _is_converted(target, spec):
         return AutoTokenizer.from_pretrained(target)
-    with _exclusive_lock(home / "tokenizers" / f".{spec.name}.lock"):
+    with exclusive_lock(home / "tokenizers" / f".{spec.name}.lock"):
         if not _is_converted(target, spec):
             staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=home / "tokenizers"))
             try:
