@@ -20,6 +20,37 @@ def test_methods_always_start_with_the_reference() -> None:
         parse_methods("ar,medusa")
 
 
+def test_a_method_may_carry_a_fixed_budget_of_its_own() -> None:
+    from toolspec.bench.methods import split_budget
+
+    assert split_budget("toolspec@7") == ("toolspec", 7)
+    assert split_budget("toolspec") == ("toolspec", None)
+    assert parse_methods("toolspec,toolspec@7") == ["ar", "toolspec", "toolspec@7"]
+    for bad in ("toolspec@", "toolspec@0", "toolspec@x", "ar@4"):
+        with pytest.raises(UnknownMethodError, match="whole number of draft nodes"):
+            parse_methods(bad)
+    with pytest.raises(UnknownMethodError, match="unknown method"):
+        parse_methods("medusa@4")
+
+
+def test_engines_of_a_run_size_trees_by_the_run_budget_or_their_own() -> None:
+    import torch
+    from helpers import ToyTokenizer, tiny_model
+    from toolspec.bench.run import build_engines
+    from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
+    from toolspec.models import LoadedModel
+
+    loaded = LoadedModel("tiny", tiny_model("qwen2", vocab_size=64), ToyTokenizer(),  # type: ignore[arg-type]
+                         torch.float32, torch.device("cpu"))
+    methods = ["ar", "pld", "pld@3"]
+    by_curve = build_engines(loaded, methods, cost=CostModel.linear(0.1))
+    assert isinstance(by_curve["pld"].budget, CostAwareBudget)
+    assert isinstance(by_curve["pld@3"].budget, FixedBudget)
+    assert by_curve["pld@3"].budget.max_nodes == 3
+    capped = build_engines(loaded, methods, fixed_budget=5)
+    assert [capped[m].budget.max_nodes for m in methods] == [5, 5, 3]
+
+
 def test_first_difference() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 9, 3], [1, 2, 3]) == 1
@@ -60,8 +91,9 @@ def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path) -> None:
 @pytest.mark.real_model
 def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None:
     code = main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
-                 "--data", str(sample_path()), "--limit", "2", "--methods", "ar,pld,oracle",
-                 "--max-new-tokens", "24", "--out", str(tmp_path)])
+                 "--data", str(sample_path()), "--limit", "2",
+                 "--methods", "ar,pld,oracle,oracle@2", "--max-new-tokens", "24",
+                 "--out", str(tmp_path)])
     assert code == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert {"model", "dtype", "items", "machine", "methods"} <= results.keys()
@@ -80,7 +112,12 @@ def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None
     assert results["cost_curve"]["1"] == 1.0
     assert CostModel.load(tmp_path / "results.json").cost(64) == results["cost_curve"]["64"]
     assert results["methods"]["oracle"]["mat"] > 3
-    lines = (tmp_path / "items.jsonl").read_text().splitlines()
+    # Side by side in the same run, the oracle capped at 2 nodes a step: at most 3 tokens each.
+    assert 1 < results["methods"]["oracle@2"]["mat"] <= 3
+    assert results["methods"]["oracle@2"]["identical_to_ar"] == 1.0
+    lines = [line for line in (tmp_path / "items.jsonl").read_text().splitlines()
+             if json.loads(line)["method"] != "oracle@2"]
+    (tmp_path / "items.jsonl").write_text("\n".join(lines) + "\n")
     assert len(lines) == 6
     assert "decode x" in capsys.readouterr().out
 

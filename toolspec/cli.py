@@ -192,7 +192,7 @@ _SIM_BUDGET = 16  # draft nodes per step when neither a budget nor a cost curve 
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from toolspec.bench.methods import METHODS, MethodSetup, parse_methods
+    from toolspec.bench.methods import METHODS, MethodSetup, parse_methods, split_budget
     from toolspec.budget import (CostAwareBudget, CostCurveFileError, CostModel, DraftBudget,
                                  FixedBudget)
     from toolspec.datasets import load_dataset
@@ -200,8 +200,9 @@ def _sim(args: argparse.Namespace) -> int:
     from toolspec.sim import (format_report, recorded_targets, reference_targets, simulate,
                               write_step_ends)
 
-    method = {"schema": "toolspec-schema"}.get(args.drafter, args.drafter)
+    method, own_budget = split_budget({"schema": "toolspec-schema"}.get(args.drafter, args.drafter))
     parse_methods(method)
+    nodes_given = own_budget if own_budget is not None else args.budget
     tokenizer = load_tokenizer(args.model)
     items = load_dataset(args.data, args.limit)
     call_format = _call_format(args.format)
@@ -213,10 +214,10 @@ def _sim(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     budget: DraftBudget
-    if args.budget is None and cost is not None:
+    if nodes_given is None and cost is not None:
         budget, sized = CostAwareBudget(cost), "cost-aware budget"
     else:
-        nodes = args.budget if args.budget is not None else _SIM_BUDGET
+        nodes = nodes_given if nodes_given is not None else _SIM_BUDGET
         budget, sized = FixedBudget(nodes), f"budget {nodes}"
     with _library(args, [method]) as library:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
@@ -295,10 +296,11 @@ def _models(args: argparse.Namespace) -> int:
 def _library(args: argparse.Namespace, methods: Sequence[str]) -> Iterator[Any]:
     """The call library a run uses: ``--library DIR`` as it is, else (for retrieval methods) a
     fresh one in a temporary directory — a cold start — seeded from ``--seed-library`` if given."""
-    from toolspec.bench.methods import RETRIEVAL_METHODS
+    from toolspec.bench.methods import RETRIEVAL_METHODS, split_budget
     from toolspec.library import CallLibrary
 
-    if not RETRIEVAL_METHODS.intersection(methods) and args.library is None:
+    drafting = {split_budget(method)[0] for method in methods}
+    if not RETRIEVAL_METHODS.intersection(drafting) and args.library is None:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="toolspec-library-") as scratch:
@@ -361,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "nestful:<split> (executable, sgd, glaive, "
                                       "complexfuncbench)")
     bench.add_argument("--limit", type=int, default=None, help="first N items")
-    bench.add_argument("--methods", default="ar,pld,oracle", help="comma-separated; ar always runs")
+    bench.add_argument("--methods", default="ar,pld,oracle",
+                       help="comma-separated; ar always runs; NAME@N: that method with its "
+                            "trees capped at N nodes (e.g. toolspec@7)")
     bench.add_argument("--budget", default=None, type=_budget,
                        help="draft nodes verified per step: a number, or auto (default) to size "
                             "each tree to this machine's measured cost curve")

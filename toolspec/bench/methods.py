@@ -82,10 +82,25 @@ class UnknownMethodError(ValueError):
     """A method name that no builder is registered for."""
 
 
+def split_budget(method: str) -> tuple[str, int | None]:
+    """``"toolspec@7"`` → ``("toolspec", 7)``: the method with every tree capped at 7 nodes, so
+    a fixed cap runs side by side with the run's own budget; ``"toolspec"`` → ``("toolspec",
+    None)``."""
+    name, mark, nodes = method.partition("@")
+    if not mark:
+        return method, None
+    if not nodes.isdigit() or int(nodes) < 1 or name == BASELINE:
+        raise UnknownMethodError(
+            f"{method!r}: write a drafting method, '@' and a whole number of draft nodes "
+            f"(e.g. toolspec@7)")
+    return name, int(nodes)
+
+
 def parse_methods(spec: str) -> list[str]:
-    """``"ar,pld"`` → ``["ar", "pld"]``; ``ar`` is always run (first), as the reference."""
+    """``"ar,pld"`` → ``["ar", "pld"]``; ``ar`` is always run (first), as the reference. A
+    name may carry a fixed draft budget of its own (``toolspec@7``, see ``split_budget``)."""
     names = [name.strip() for name in spec.split(",") if name.strip()]
-    unknown = [name for name in names if name not in METHODS]
+    unknown = [name for name in names if split_budget(name)[0] not in METHODS]
     if unknown:
         raise UnknownMethodError(
             f"unknown method(s) {', '.join(unknown)}; available: {', '.join(METHODS)}"

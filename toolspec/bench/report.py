@@ -18,7 +18,7 @@ from typing import Any
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.analysis import Run, step_accepted, tool_history
-from toolspec.bench.methods import BASELINE, ORACLE, parse_methods
+from toolspec.bench.methods import BASELINE, ORACLE, parse_methods, split_budget
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state
@@ -152,14 +152,14 @@ def plot_runs(runs: Sequence[Run], directory: Path, prefix: str = "") -> list[Pa
 
     pooled = [r for run in runs for r in run.results]
     first = {m: [step_accepted(pooled, m, step) for step in range(FIRST_STEPS)]
-             for m in drafting if m != ORACLE}
+             for m in drafting if split_budget(m)[0] != ORACLE}
     if any(values for per_step in first.values() for values in per_step):
         path = directory / f"{prefix}first_steps.png"
         plots.plot_first_steps(first, path)
         written.append(path)
 
     history = {m: tool_history([run.results for run in runs], m) for m in drafting
-               if m != ORACLE}
+               if split_budget(m)[0] != ORACLE}
     if any(history.values()):
         path = directory / f"{prefix}tool_history.png"
         plots.plot_tool_history({m: points for m, points in history.items() if points}, path)

@@ -19,7 +19,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
 from toolspec.budget import CostAwareBudget, CostModel, DraftBudget
-from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup
+from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup, split_budget
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
 from toolspec.datasets import BenchItem
@@ -149,7 +149,7 @@ def run_items(
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
     ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
     setup = MethodSetup(tokenizer, library)
-    drafter_for = {method: METHODS[method](setup) for method in methods}
+    drafter_for = {method: METHODS[split_budget(method)[0]](setup) for method in methods}
     # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
     engines[BASELINE].generate(chat_prompt(tokenizer, items[0].messages, items[0].openai_tools)[0],
                                None, GenerationParams(max_new_tokens=4))
@@ -387,11 +387,13 @@ def build_engines(loaded: LoadedModel, methods: Sequence[str],
     elif cost is None:
         cost = cached_cost_model(loaded)
 
-    def budget() -> DraftBudget | int:
-        if cost is None:
-            return fixed_budget or 0  # an int: the engine checks it and caps every tree with it
+    def budget(method: str) -> DraftBudget | int:
+        own = split_budget(method)[1]
+        if own is not None or cost is None:
+            # an int: the engine checks it and caps every tree with it
+            return own if own is not None else fixed_budget or 0
         return CostAwareBudget(cost)
 
-    return {method: Engine(model, loaded.tokenizer, budget=budget(),
+    return {method: Engine(model, loaded.tokenizer, budget=budget(method),
                            draft_at_prefill=draft_at_prefill)
             for method in methods}
