@@ -92,3 +92,6 @@ def test_sim_estimates_a_fixed_budget_on_a_cost_curve(tmp_path: Path,
     assert "budget 3\n" in fixed and "estimated decode speed-up" in fixed
     assert main(common) == 0
     assert "cost-aware budget" in capsys.readouterr().out
+    # A drafter named with its own cap (the schema alias included) replays that cap.
+    assert main(["sim", "--drafter", "schema@4", *common[3:]]) == 0
+    assert "budget 4\n" in capsys.readouterr().out

@@ -200,7 +200,8 @@ def _sim(args: argparse.Namespace) -> int:
     from toolspec.sim import (format_report, recorded_targets, reference_targets, simulate,
                               write_step_ends)
 
-    method, own_budget = split_budget({"schema": "toolspec-schema"}.get(args.drafter, args.drafter))
+    name, own_budget = split_budget(args.drafter)
+    method = {"schema": "toolspec-schema"}.get(name, name)
     parse_methods(method)
     nodes_given = own_budget if own_budget is not None else args.budget
     tokenizer = load_tokenizer(args.model)

@@ -388,10 +388,12 @@ def build_engines(loaded: LoadedModel, methods: Sequence[str],
         cost = cached_cost_model(loaded)
 
     def budget(method: str) -> DraftBudget | int:
+        # An int: the engine checks it and caps every tree with it.
         own = split_budget(method)[1]
-        if own is not None or cost is None:
-            # an int: the engine checks it and caps every tree with it
-            return own if own is not None else fixed_budget or 0
+        if own is not None:
+            return own
+        if cost is None:
+            return fixed_budget or 0
         return CostAwareBudget(cost)
 
     return {method: Engine(model, loaded.tokenizer, budget=budget(method),
