@@ -56,8 +56,9 @@ bench: install
 	$(VENV)/bin/toolspec bench --data ../shared/data/api-bank/level-1.json --limit 50 \
 		--methods ar,pld,oracle --out results/bench-l1
 
-# The benchmark report (docs/report.toml): every data set x every method into results/report/,
-# resumable, then docs/report.md + docs/img/report_*.png. LIMIT=N: at most N items per data set.
+# The benchmark report (docs/report.toml): every data set x every method into
+# docs/report-runs/<dtype>/ (kept in git: a later run resumes after the items they hold),
+# then docs/report.md + docs/img/report_*.png. LIMIT=N: at most N items per data set.
 LIMIT ?=
 report: install
 	$(VENV)/bin/toolspec bench report --config docs/report.toml $(if $(LIMIT),--limit $(LIMIT)) \

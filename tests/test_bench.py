@@ -73,19 +73,33 @@ def test_apibank_loader_reads_single_and_multi_call_answers(tmp_path: Path) -> N
 
 
 @pytest.mark.real_model
-def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path) -> None:
+def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path, capsys) -> None:
     """``toolspec bench report`` without ``--no-run``: every data set benchmarked with the
-    config's options (weight packing included), then the Markdown page."""
+    config's options (weight packing included) into a folder of the dtype it ran in, then the
+    Markdown page."""
     config = tmp_path / "report.toml"
-    config.write_text(f'model = "smollm2-135m"\ndtype = "fp32"\nmethods = "ar,pld"\n'
-                      f'max_new_tokens = 12\nprepack_linear = false\n'
-                      f'out = "{tmp_path / "runs"}"\ndocs = "{tmp_path / "docs"}"\n'
-                      f'[[datasets]]\nname = "sample"\ndata = "{sample_path()}"\nlimit = 3\n')
-    assert main(["bench", "report", "--config", str(config), "--limit", "1"]) == 0
-    results = json.loads((tmp_path / "runs" / "sample" / "results.json").read_text())
+
+    def write_config(max_new_tokens: int) -> None:
+        config.write_text(f'model = "smollm2-135m"\ndtype = "bf16"\nmethods = "ar,pld"\n'
+                          f'max_new_tokens = {max_new_tokens}\nprepack_linear = false\n'
+                          f'out = "{tmp_path / "runs"}"\ndocs = "{tmp_path / "docs"}"\n'
+                          f'[[datasets]]\nname = "sample"\ndata = "{sample_path()}"\nlimit = 3\n')
+
+    write_config(12)
+    assert main(["bench", "report", "--config", str(config), "--limit", "1",
+                 "--dtype", "fp32"]) == 0
+    run = tmp_path / "runs" / "fp32" / "sample"
+    results = json.loads((run / "results.json").read_text())
     assert results["items"] == 1 and results["prepacked_linear"] is False
+    assert results["dtype"] == "fp32"  # --dtype overrides the config's
     assert set(results["methods"]) == {"ar", "pld"}
     assert "sample" in (tmp_path / "docs" / "report.md").read_text()
+    # Other settings would mix results into the run: refused, nothing lost.
+    write_config(16)
+    assert main(["bench", "report", "--config", str(config), "--limit", "1",
+                 "--dtype", "fp32"]) == 2
+    assert "max_new_tokens 12 (this run: 16)" in capsys.readouterr().err
+    assert json.loads((run / "results.json").read_text()) == results
 
 
 @pytest.mark.real_model
@@ -132,6 +146,22 @@ def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None
     assert [json.loads(line)["tokens"] for line in resumed] == \
         [json.loads(line)["tokens"] for line in lines]
     assert json.loads((tmp_path / "results.json").read_text())["items"] == 2
+
+    # A shorter run into the same folder summarises its own item and deletes nothing.
+    assert main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
+                 "--data", str(sample_path()), "--limit", "1", "--methods", "ar,pld",
+                 "--max-new-tokens", "24", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "items.jsonl").read_text().splitlines() == resumed
+    short = json.loads((tmp_path / "results.json").read_text())
+    assert short["items"] == 1 and set(short["methods"]) == {"ar", "pld"}
+    from toolspec.bench.analysis import read_run
+    assert [(r.item, r.method) for r in read_run(tmp_path).results] == \
+        [(json.loads(line)["item"], json.loads(line)["method"]) for line in resumed[:2]]
+    # Other settings would mix results: refused.
+    assert main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
+                 "--data", str(sample_path()), "--limit", "1", "--methods", "ar,pld",
+                 "--max-new-tokens", "16", "--out", str(tmp_path)]) == 2
+    assert "max_new_tokens 24 (this run: 16)" in capsys.readouterr().err
 
 
 @pytest.mark.real_model

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from toolspec.bench.analysis import (Run, history_label, read_item_results, read_run,
-                                     step_accepted, tool_history)
+from toolspec.bench.analysis import Run, history_label, read_run, step_accepted, tool_history
+from toolspec.bench.resume import read_item_results
 from toolspec.bench.report import (ReportConfigError, goal_rows, load_config, plot_runs,
                                    write_report)
 from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
@@ -220,9 +220,9 @@ def test_goal_rows_compare_toolspec_with_the_best_baseline() -> None:
 
 
 def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) -> None:
-    write_run(tmp_path / "runs" / "toy-a", toy_results(), "toy-a")
+    write_run(tmp_path / "runs" / "fp32" / "toy-a", toy_results(), "toy-a")  # a folder a dtype
     config = tmp_path / "report.toml"
-    config.write_text(f'model = "toy"\nmethods = "ar,toolspec,oracle"\n'
+    config.write_text(f'model = "toy"\ndtype = "fp32"\nmethods = "ar,toolspec,oracle"\n'
                       f'out = "{tmp_path / "runs"}"\ndocs = "{tmp_path / "docs"}"\n'
                       f'[[datasets]]\nname = "toy-a"\ndata = "bfcl:simple_python"\nlimit = 50\n')
     loaded = load_config(config)
@@ -231,7 +231,7 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     assert main(["bench", "report", "--config", str(config), "--no-run",
                  "--command-line", "make report LIMIT=2"]) == 0
     assert "make report LIMIT=2" in (tmp_path / "docs" / "report.md").read_text()
-    assert main(["bench", "plot", str(tmp_path / "runs" / "toy-a"),
+    assert main(["bench", "plot", str(tmp_path / "runs" / "fp32" / "toy-a"),
                  "--out", str(tmp_path / "png"), "--prefix", "x_"]) == 0
     assert (tmp_path / "png" / "x_first_steps.png").is_file()
     assert main(["bench", "plot", str(tmp_path), "--out", str(tmp_path / "png")]) == 2

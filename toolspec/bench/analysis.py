@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toolspec.bench.methods import BASELINE
+from toolspec.bench.resume import ITEMS_FILE, read_item_results
 from toolspec.bench.run import ItemResult
 from toolspec.formats import FORMATS
 
@@ -37,20 +38,19 @@ class Run:
         return list(self.document["methods"])
 
 
-def read_item_results(items_jsonl: Path) -> list[ItemResult]:
-    """Every line of ``items_jsonl`` (unknown keys of newer files are ignored)."""
-    known = {f.name for f in fields(ItemResult)}
-    return [ItemResult(**{k: v for k, v in json.loads(line).items() if k in known})
-            for line in items_jsonl.read_text().splitlines() if line.strip()]
-
-
 def read_run(directory: Path, name: str | None = None) -> Run:
-    summary, items = directory / "results.json", directory / "items.jsonl"
+    """The run in ``directory``: its summary and the results it summarises, in item order
+    (``items.jsonl`` may hold more: other items or methods kept from earlier runs)."""
+    summary, items = directory / "results.json", directory / ITEMS_FILE
     if not summary.is_file() or not items.is_file():
         raise RunReadError(
-            f"{directory}: needs results.json and items.jsonl (toolspec bench --out)")
-    return Run(name or directory.name, json.loads(summary.read_text()),
-               tuple(read_item_results(items)))
+            f"{directory}: needs results.json and {ITEMS_FILE} (toolspec bench --out)")
+    document = json.loads(summary.read_text())
+    results = [r for r in read_item_results(items) if r.method in document["methods"]]
+    if "item_ids" in document:  # older summaries name no items: the file held just theirs
+        order = {item: position for position, item in enumerate(document["item_ids"])}
+        results = sorted((r for r in results if r.item in order), key=lambda r: order[r.item])
+    return Run(name or directory.name, document, tuple(results))
 
 
 def step_accepted(results: Sequence[ItemResult], method: str, step: int) -> list[int]:

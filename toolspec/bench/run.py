@@ -2,15 +2,15 @@
 
 For each item ``ar`` runs first and every other method right after it on the same prompt, so a
 noisy machine slows all methods alike. Per-item records go to ``items.jsonl`` as each item
-finishes, the summary to ``results.json``; a run given an ``items.jsonl`` of an earlier run of the
-same command resumes after the items it finished.
+finishes, the summary to ``results.json``; a run into the folder of an earlier one with the same
+settings resumes after the items it finished (``toolspec.bench.resume``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,14 @@ from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup, split
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
 from toolspec.datasets import BenchItem
+from toolspec.drafters.base import Drafter, DraftRequest
 from toolspec.engine import Engine, Generation, GenerationParams
 from toolspec.formats import CallFormat, ToolCall
 from toolspec.library import CallLibrary
 from toolspec.cost_curve import cached_cost_model
 from toolspec.models import LoadedModel, dtype_name
 from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.sim import SimTarget, simulate
 from toolspec.target_model import TargetModel
 
 
@@ -141,8 +143,10 @@ def run_items(
     ``call_format`` overrides the format detected from each prompt. With a ``library``, the
     calls plain decoding produced on an item are added to it once every method has run on that
     item (a cold start fills it online, in item order). Items ``finished`` holds a result of
-    every method for (an earlier run's, see ``load_finished``) are yielded from there, not run
-    again; their calls still go to the library. Mutates: ``library``.
+    every method for (an earlier run's, see ``resume.ResultLog``) are yielded from there, not run
+    again; their calls still go to the library, and each method's drafter and budget relearn
+    its output (``relearn``), so the items run after them draft as in an uninterrupted run.
+    Mutates: ``library``, the engines' budgets.
     """
     finished = finished or {}
     if methods[0] != BASELINE:
@@ -158,6 +162,12 @@ def run_items(
         earlier = finished.get(item.id, {})
         if all(method in earlier for method in methods):
             yield from (earlier[method] for method in methods)
+            request = DraftRequest(tuple(prompt), item.tools, item_format,
+                                   conversation_text(item.messages), tenant)
+            for method in methods[1:]:
+                relearn(engines[method], drafter_for[method](earlier[BASELINE].tokens),
+                        SimTarget(item.id, tuple(prompt), tuple(earlier[method].tokens), request),
+                        params.max_new_tokens, tokenizer)
             if library is not None:
                 remember_calls(library, item, item_format.parse(earlier[BASELINE].text), tenant)
             continue
@@ -172,6 +182,17 @@ def run_items(
             yield _item_result(item, method, generation, ar, stored, tokenizer, item_format)
         if library is not None:
             remember_calls(library, item, item_format.parse(ar.text), tenant)
+
+
+def relearn(engine: Engine, drafter: Drafter, decoded: SimTarget, max_new_tokens: int,
+            tokenizer: PreTrainedTokenizerBase) -> None:
+    """Teach ``drafter`` and ``engine``'s budget the output an earlier run decoded, as decoding
+    it would have: the same trees are proposed and sized, and the same tokens accepted (the
+    model's choices are known), so a resumed run continues where the interrupted one stood.
+    What only the model's logits teach (Token Recycling's adjacency rows) is not replayed.
+    Mutates: ``drafter`` and ``engine.budget``."""
+    simulate(drafter, [decoded], engine.budget, tokenizer, max_new_tokens=max_new_tokens,
+             draft_at_prefill=engine.draft_at_prefill)
 
 
 def remember_calls(library: CallLibrary, item: BenchItem, calls: Sequence[ToolCall],
@@ -253,57 +274,21 @@ def _ratio(value: float, reference: float) -> float:
 
 
 def results_document(
-    loaded: LoadedModel, items: int, summary: dict[str, dict[str, Any]], extra: Mapping[str, Any]
+    loaded: LoadedModel, item_ids: Sequence[str], summary: dict[str, dict[str, Any]],
+    extra: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """``results.json``: the summary of ``item_ids`` (their results are the ones of
+    ``items.jsonl`` it describes: the file may hold more, see ``resume.ResultLog``)."""
     return {
         "model": loaded.name,
         "dtype": dtype_name(loaded.dtype),
-        "items": items,
+        "items": len(item_ids),
+        "item_ids": list(item_ids),
         "machine": describe_machine(loaded.device),
         "prepacked_linear": loaded.prepacked_linear,
         **extra,
         "methods": summary,
     }
-
-
-def load_finished(items_jsonl: Path, methods: Sequence[str]) -> dict[str, dict[str, ItemResult]]:
-    """The results an earlier run wrote to ``items_jsonl``, per item and method, for the items
-    it finished with every one of ``methods`` (a partly run item is run again)."""
-    by_item: dict[str, dict[str, ItemResult]] = {}
-    if items_jsonl.exists():
-        for line in items_jsonl.read_text().splitlines():
-            if line.strip():
-                result = ItemResult(**json.loads(line))
-                by_item.setdefault(result.item, {})[result.method] = result
-    return {item: {m: results[m] for m in methods} for item, results in by_item.items()
-            if all(m in results for m in methods)}
-
-
-class ResultLog:
-    """Appends each new result to ``items.jsonl`` as it comes, so an interrupted run resumes.
-
-    Opening rewrites the file with just the ``finished`` results being kept. Mutates: the file.
-    """
-
-    def __init__(self, items_jsonl: Path, finished: Mapping[str, Mapping[str, ItemResult]]) -> None:
-        items_jsonl.parent.mkdir(parents=True, exist_ok=True)
-        self._kept = {id(r) for results in finished.values() for r in results.values()}
-        self._handle = open(items_jsonl, "w")
-        for results in finished.values():
-            self._write_all(results.values())
-
-    def record(self, result: ItemResult) -> ItemResult:
-        if id(result) not in self._kept:
-            self._write_all([result])
-        return result
-
-    def _write_all(self, results: Iterable[ItemResult]) -> None:
-        for result in results:
-            self._handle.write(json.dumps(asdict(result)) + "\n")
-        self._handle.flush()
-
-    def close(self) -> None:
-        self._handle.close()
 
 
 def write_summary(out: Path, document: Mapping[str, Any]) -> None:
