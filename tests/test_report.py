@@ -213,10 +213,13 @@ def test_plots_and_report_page_are_written(tmp_path: Path) -> None:
 def test_goal_rows_compare_toolspec_with_the_best_baseline() -> None:
     summary = {"ar": {"decode_speedup": 1.0}, "pld": {"decode_speedup": 1.5},
                "suffix": {"decode_speedup": 2.0},
-               "toolspec": {"decode_speedup": 4.0, "oracle_fraction": 0.5}}
+               "toolspec": {"decode_speedup": 4.0, "oracle_fraction": 0.5, "e2e_speedup": 1.5},
+               "oracle": {"decode_speedup": 8.0, "e2e_speedup": 2.0}}
     assert goal_rows(summary) == {"speedup_vs_ar": 4.0, "speedup_vs_best_baseline": 2.0,
-                                  "oracle_fraction": 0.5}
+                                  "oracle_fraction": 0.5, "oracle_fraction_e2e": 0.75}
     assert goal_rows({"ar": {"decode_speedup": 1.0}})["speedup_vs_ar"] is None
+    del summary["oracle"]
+    assert goal_rows(summary)["oracle_fraction_e2e"] is None
 
 
 def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) -> None:

@@ -97,7 +97,8 @@ def add_bench_commands(commands: Any) -> None:
                         help="run in this dtype instead of the config's (auto: bf16 where the "
                              "hardware runs it fast, else fp32)")
     report.add_argument("--no-run", action="store_true",
-                        help="only aggregate the runs already in the config's out folder")
+                        help="only aggregate the runs already in the config's out folder (its "
+                             "subfolder for the dtype)")
     report.add_argument("--rescore", action="store_true",
                         help="score runs recorded before call accuracy existed")
     report.add_argument("--command-line", default=None,

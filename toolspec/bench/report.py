@@ -124,14 +124,20 @@ def summaries(runs: Sequence[Run]) -> dict[str, dict[str, dict[str, Any]]]:
 
 def goal_rows(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
     """The issue's goals for one data set: toolspec's decode speed-up vs ar and vs the best
-    baseline that ran, and its oracle fraction (None where a method did not run)."""
+    baseline that ran, and its oracle fraction (None where a method did not run); besides the
+    goals, ``oracle_fraction_e2e``: its end-to-end speed-up / the oracle's. The decode ratio
+    degenerates once the first tree rides on the prefill: the oracle's tree then holds most of
+    its output, which arrives with the first token, so almost no decode time is left to it."""
     full = summary.get(FULL_METHOD)
     baselines = [summary[m]["decode_speedup"] for m in BASELINES if m in summary]
     best = max(baselines) if baselines else None
+    oracle = summary.get(ORACLE)
     return {
         "speedup_vs_ar": full["decode_speedup"] if full else None,
         "speedup_vs_best_baseline": full["decode_speedup"] / best if full and best else None,
         "oracle_fraction": full.get("oracle_fraction") if full else None,
+        "oracle_fraction_e2e": full["e2e_speedup"] / oracle["e2e_speedup"]
+        if full and oracle and oracle["e2e_speedup"] else None,
     }
 
 
@@ -215,18 +221,22 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
     lines += ["", "## Goals (toolspec)", "",
               f"Goals: decode speed-up ≥ {GOALS['speedup_vs_ar']}× vs ar, ≥ "
               f"{GOALS['speedup_vs_best_baseline']}× vs the best baseline "
-              f"({', '.join(BASELINES)}), oracle fraction ≥ {GOALS['oracle_fraction']}.", "",
-              "| data set | × ar | × best baseline | of oracle | met |",
-              "|---|---:|---:|---:|---|"]
+              f"({', '.join(BASELINES)}), oracle fraction ≥ {GOALS['oracle_fraction']} (decode "
+              f"speed-up / the oracle's). \"of oracle, e2e\" is no goal: the end-to-end ratio, "
+              f"shown because the decode one degenerates when the oracle's first tree, riding "
+              f"on the prefill, holds most of its output.", "",
+              "| data set | × ar | × best baseline | of oracle | of oracle, e2e | met |",
+              "|---|---:|---:|---:|---:|---|"]
     for run in runs:
         goals = goal_rows(per_run[run.name])
-        known = {k: v for k, v in goals.items() if v is not None}
+        known = {k: v for k, v in goals.items() if v is not None and k in GOALS}
         met = "–" if not known else ("yes" if all(v >= GOALS[k] for k, v in known.items())
                                      else "no: " + ", ".join(k for k, v in known.items()
                                                              if v < GOALS[k]))
         lines.append(f"| {run.name} | {_number(goals['speedup_vs_ar'])} | "
                      f"{_number(goals['speedup_vs_best_baseline'])} | "
-                     f"{_number(goals['oracle_fraction'], '')} | {met} |")
+                     f"{_number(goals['oracle_fraction'], '')} | "
+                     f"{_number(goals['oracle_fraction_e2e'], '')} | {met} |")
     lines += ["", "## Per data set", ""]
     for run in runs:
         document = {**run.document, "methods": per_run[run.name]}
