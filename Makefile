@@ -58,7 +58,8 @@ bench: install
 
 # The benchmark report (docs/report.toml): every data set x every method into
 # docs/report-runs/<dtype>/ (kept in git: a later run resumes after the items they hold),
-# then docs/report.md + docs/img/report_*.png. LIMIT=N: at most N items per data set.
+# then docs/report-<dtype>.md + docs/img/report-<dtype>_*.png. LIMIT=N: at most N items per
+# data set.
 LIMIT ?=
 report: install
 	$(VENV)/bin/toolspec bench report --config docs/report.toml $(if $(LIMIT),--limit $(LIMIT)) \

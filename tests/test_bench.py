@@ -93,7 +93,7 @@ def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path, capsys) 
     assert results["items"] == 1 and results["prepacked_linear"] is False
     assert results["dtype"] == "fp32"  # --dtype overrides the config's
     assert set(results["methods"]) == {"ar", "pld"}
-    assert "sample" in (tmp_path / "docs" / "report.md").read_text()
+    assert "sample" in (tmp_path / "docs" / "report-fp32.md").read_text()
     # Other settings would mix results into the run: refused, nothing lost.
     write_config(16)
     assert main(["bench", "report", "--config", str(config), "--limit", "1",

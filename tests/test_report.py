@@ -8,7 +8,8 @@ import pytest
 
 from toolspec.bench.analysis import Run, history_label, read_run, step_accepted, tool_history
 from toolspec.bench.resume import read_item_results
-from toolspec.bench.report import (ReportConfigError, goal_rows, load_config, plot_runs,
+from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, divergence_rows,
+                                   goal_rows, load_config, plot_runs, report_markdown,
                                    write_report)
 from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
 from toolspec.bench.scoring import adheres_to_format, calls_match, score_output, value_matches
@@ -210,6 +211,27 @@ def test_plots_and_report_page_are_written(tmp_path: Path) -> None:
     assert (tmp_path / "docs" / "img" / "report_speedup.png").is_file()
 
 
+def test_divergences_are_listed_with_their_near_tie_verdict() -> None:
+    results = toy_results(3)
+    results[1] = replace(results[1], identical_to_ar=False, first_difference=7,
+                         ar_margin=NEAR_TIE_LOGITS / 4)
+    results[4] = replace(results[4], identical_to_ar=False, first_difference=2, ar_margin=3.0)
+    summary = summarize(results, ["ar", "toolspec", "oracle"])
+    assert divergence_rows(summary) == [
+        {"method": "toolspec", "item": "it-0", "position": 7,
+         "ar_margin": NEAR_TIE_LOGITS / 4, "near_tie": True},
+        {"method": "toolspec", "item": "it-1", "position": 2, "ar_margin": 3.0,
+         "near_tie": False}]
+    run = Run(name="toy", results=tuple(results),
+              document={"model": "m", "dtype": "bf16", "items": 3, "machine": "toy",
+                        "methods": {"ar": {}, "toolspec": {}, "oracle": {}}})
+    text = report_markdown([run], [], "make report")
+    assert "2 of 9 outputs differ from ar's; 1 of them" in text
+    assert "| toy | toolspec | it-1 | 2 | 3.000 | no |" in text
+    clean = replace(run, results=tuple(toy_results(3)))
+    assert "None: all 9 outputs equal ar's" in report_markdown([clean], [], "make report")
+
+
 def test_goal_rows_compare_toolspec_with_the_best_baseline() -> None:
     summary = {"ar": {"decode_speedup": 1.0}, "pld": {"decode_speedup": 1.5},
                "suffix": {"decode_speedup": 2.0},
@@ -233,7 +255,7 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     assert loaded.limited(500).datasets[0].limit == 50
     assert main(["bench", "report", "--config", str(config), "--no-run",
                  "--command-line", "make report LIMIT=2"]) == 0
-    assert "make report LIMIT=2" in (tmp_path / "docs" / "report.md").read_text()
+    assert "make report LIMIT=2" in (tmp_path / "docs" / "report-fp32.md").read_text()
     assert main(["bench", "plot", str(tmp_path / "runs" / "fp32" / "toy-a"),
                  "--out", str(tmp_path / "png"), "--prefix", "x_"]) == 0
     assert (tmp_path / "png" / "x_first_steps.png").is_file()

@@ -89,7 +89,7 @@ def add_bench_commands(commands: Any) -> None:
     plot.set_defaults(handler=_plot)
     report = bench_commands.add_parser(
         "report", help="run every data set of a report config, then write the Markdown report "
-                       "and its PNGs (docs/report.md, docs/img/report_*.png)")
+                       "and its PNGs (docs/report-<dtype>.md, docs/img/report-<dtype>_*.png)")
     report.add_argument("--config", type=Path, default=Path("docs/report.toml"))
     report.add_argument("--limit", type=int, default=None,
                         help="at most N items per data set (a short version of the report)")
@@ -257,7 +257,8 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     # One folder per dtype the config's resolves to here: a bf16 machine and an fp32 one each
     # resume their own runs.
-    runs_dir = config.out / dtype_name(parse_dtype(config.dtype, default_device()))
+    dtype = dtype_name(parse_dtype(config.dtype, default_device()))
+    runs_dir = config.out / dtype
     if not args.no_run:
         for dataset in config.datasets:
             print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items")
@@ -281,7 +282,8 @@ def _report(args: argparse.Namespace) -> int:
         runs = [_rescored(run, config.model) for run in runs]
     command = " ".join(["toolspec", *sys.argv[1:]]) if args.command_line is None \
         else args.command_line
-    page, images = write_report(runs, config.docs, command)
+    # A page per dtype too, so the bf16 report and the fp32 one stand side by side.
+    page, images = write_report(runs, config.docs, command, name=f"report-{dtype}")
     for path in (page, *images):
         print(f"wrote {path}")
     return 0

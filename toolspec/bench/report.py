@@ -27,6 +27,11 @@ BASELINES = ("pld", "samd", "recycling", "suffix")
 FULL_METHOD = "toolspec"
 GOALS = {"speedup_vs_ar": 5.0, "speedup_vs_best_baseline": 1.7, "oracle_fraction": 0.8}
 FIRST_STEPS = 2
+# ar's top-1 minus top-2 logit below which a divergence counts as a near-tie: a few steps of
+# bf16's resolution at this model's logit magnitudes (8 significant bits: steps of 0.0625 from 8
+# to 16, 0.125 from 16 to 32), which is how far a one-row and a many-row forward of the same
+# tokens may round apart. A margin of 0 is an exact tie, which argmax breaks by token id.
+NEAR_TIE_LOGITS = 0.5
 
 
 class ReportConfigError(ValueError):
@@ -237,7 +242,7 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
                      f"{_number(goals['speedup_vs_best_baseline'])} | "
                      f"{_number(goals['oracle_fraction'], '')} | "
                      f"{_number(goals['oracle_fraction_e2e'], '')} | {met} |")
-    lines += ["", "## Per data set", ""]
+    lines += ["", *_divergence_section(runs, per_run), "", "## Per data set", ""]
     for run in runs:
         document = {**run.document, "methods": per_run[run.name]}
         lines += [f"### {run.name}", "", format_markdown(document), ""]
@@ -249,6 +254,35 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
     lines += ["## Plots", ""]
     lines += [f"![{image.stem}]({image_dir}/{image.name})" for image in images]
     return "\n".join(lines) + "\n"
+
+
+def divergence_rows(summary: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every output of ``summary`` that differs from ar's: method, item, first differing
+    position, ar's top-1/top-2 logit margin there and whether that is a near-tie."""
+    return [{"method": method, **divergence,
+             "near_tie": divergence["ar_margin"] is not None
+             and divergence["ar_margin"] <= NEAR_TIE_LOGITS}
+            for method, entry in summary.items() for divergence in entry.get("divergences", ())]
+
+
+def _divergence_section(runs: Sequence[Run], per_run: Mapping[str, Mapping[str, Any]]
+                        ) -> list[str]:
+    rows = [(run.name, row) for run in runs for row in divergence_rows(per_run[run.name])]
+    outputs = sum(len(run.results) for run in runs)
+    lines = ["## Outputs that differ from ar", ""]
+    if not rows:
+        return lines + [f"None: all {outputs} outputs equal ar's token for token."]
+    ties = sum(row["near_tie"] for _, row in rows)
+    lines += [f"{len(rows)} of {outputs} outputs differ from ar's; {ties} of them first differ "
+              f"where ar's top two logits lie within {NEAR_TIE_LOGITS} (a near-tie: bf16 "
+              f"rounding of a many-row verification forward can flip such an argmax).", "",
+              "| data set | method | item | first different token | ar top-1 − top-2 logit "
+              "| near-tie |", "|---|---|---|---:|---:|---|"]
+    for name, row in rows:
+        margin = f"{row['ar_margin']:.3f}" if row["ar_margin"] is not None else "–"
+        lines.append(f"| {name} | {row['method']} | {row['item']} | {row['position']} | "
+                     f"{margin} | {'yes' if row['near_tie'] else 'no'} |")
+    return lines
 
 
 def _state_table(states: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
