@@ -10,7 +10,7 @@ from toolspec.bench.analysis import Run, history_label, read_run, step_accepted,
 from toolspec.bench.resume import read_item_results
 from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, divergence_rows,
                                    goal_rows, load_config, plot_runs, report_markdown,
-                                   write_report)
+                                   step_end_shares, write_report)
 from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
 from toolspec.bench.scoring import adheres_to_format, calls_match, score_output, value_matches
 from toolspec.bench.states import state_counts
@@ -209,6 +209,16 @@ def test_plots_and_report_page_are_written(tmp_path: Path) -> None:
     assert "| a | 6 |" in text and "### b" in text
     assert all(f"(img/{image.name})" in text for image in images)
     assert (tmp_path / "docs" / "img" / "report_speedup.png").is_file()
+
+
+def test_step_ends_are_the_undrafted_tokens_per_state() -> None:
+    by_state = {"text": {"tokens": 10, "drafted": 9}, "value_string": {"tokens": 8, "drafted": 5},
+                "tool_name": {"tokens": 4, "drafted": 4}}
+    assert step_end_shares(by_state) == {"value_string": 0.75, "text": 0.25}
+    assert step_end_shares({}) == {} == step_end_shares(None)
+    summary = summarize(toy_results(), ["ar", "toolspec", "oracle"])
+    assert step_end_shares(summary["toolspec"]["acceptance_by_state"]) == {
+        "tool_name": 18 / 30, "text": 12 / 30}
 
 
 def test_divergences_are_listed_with_their_near_tie_verdict() -> None:

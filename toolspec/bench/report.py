@@ -251,9 +251,24 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
         if states:
             lines += ["Share of each call state's tokens accepted from drafts:", "",
                       _state_table(states), ""]
+        ends = step_end_shares(per_run[run.name].get(FULL_METHOD, {}).get("acceptance_by_state"))
+        if ends:
+            lines += [f"Where {FULL_METHOD}'s tokens came from no draft (each verification "
+                      f"step's bonus token, and the first token), share per call state: " +
+                      ", ".join(f"{state} {share:.0%}" for state, share in ends.items()), ""]
     lines += ["## Plots", ""]
     lines += [f"![{image.stem}]({image_dir}/{image.name})" for image in images]
     return "\n".join(lines) + "\n"
+
+
+def step_end_shares(by_state: Mapping[str, Mapping[str, float]] | None
+                    ) -> dict[str, float]:
+    """Per call state, its share of the tokens no draft supplied, largest first: where the
+    drafts stopped matching, so where more acceptance would come from."""
+    missed = {state: row["tokens"] - row["drafted"] for state, row in (by_state or {}).items()}
+    total = sum(missed.values())
+    return {state: count / total for state, count in
+            sorted(missed.items(), key=lambda item: -item[1]) if count} if total else {}
 
 
 def divergence_rows(summary: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
