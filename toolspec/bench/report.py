@@ -283,7 +283,7 @@ def divergence_rows(summary: Mapping[str, Mapping[str, Any]]) -> list[dict[str, 
 def _divergence_section(runs: Sequence[Run], per_run: Mapping[str, Mapping[str, Any]]
                         ) -> list[str]:
     rows = [(run.name, row) for run in runs for row in divergence_rows(per_run[run.name])]
-    outputs = sum(len(run.results) for run in runs)
+    outputs = sum(r.method != BASELINE for run in runs for r in run.results)  # ar's own excluded
     lines = ["## Outputs that differ from ar", ""]
     if not rows:
         return lines + [f"None: all {outputs} outputs equal ar's token for token."]
