@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -59,6 +59,14 @@ def row_by_row_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
                                            is_causal=False, **kwargs)
         rows.append(output)
     return torch.cat(rows, dim=1), None
+
+
+def use_row_by_row_attention(model: PreTrainedModel) -> None:
+    """Switch ``model`` to ``row_by_row_attention`` (registered under ``ROW_BY_ROW``, masks built
+    as for stock SDPA). Mutates: ``model``'s attention implementation."""
+    AttentionInterface.register(ROW_BY_ROW, row_by_row_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_BY_ROW, sdpa_mask)
+    model.set_attn_implementation(ROW_BY_ROW)
 
 
 def capture_outputs(model: torch.nn.Module, layers: int) -> tuple[dict[str, torch.Tensor],
@@ -110,6 +118,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="layers whose modules are compared")
     parser.add_argument("--row-by-row-attention", action="store_true")
     args = parser.parse_args()
+    if args.tokens < 2:
+        parser.error("--tokens must be at least 2 (a chain needs one drafted token)")
 
     loaded = load_model(args.model, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -117,9 +127,7 @@ def main() -> None:
     ids = chat_prompt(tokenizer, item.messages, item.openai_tools)[0]
     target = TargetModel(model)
     if args.row_by_row_attention:
-        AttentionInterface.register(ROW_BY_ROW, row_by_row_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_BY_ROW, sdpa_mask)
-        model.set_attn_implementation(ROW_BY_ROW)
+        use_row_by_row_attention(model)
     records, remove_hooks = capture_outputs(model, args.layers)
 
     cache = target.new_cache()

@@ -7,9 +7,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
 from helpers import tiny_model
 from toolspec import TargetModel
 from toolspec.draft_tree import DraftTree
@@ -41,9 +38,8 @@ def test_row_by_row_attention_matches_the_engines() -> None:
     # Branching, so some rows' ancestors are not contiguous (their keys are gathered).
     tree = DraftTree.from_sequences([([5, 6, 7, 8], "a"), ([5, 9, 4], "b"), ([10, 11], "c")])
     engine = _tree_logits(model, prompt, tree)
-    AttentionInterface.register(script.ROW_BY_ROW, script.row_by_row_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(script.ROW_BY_ROW, sdpa_mask)
-    model.set_attn_implementation(script.ROW_BY_ROW)
+    script.use_row_by_row_attention(model)
+    assert model.config._attn_implementation == script.ROW_BY_ROW
     torch.testing.assert_close(_tree_logits(model, prompt, tree), engine, rtol=1e-5, atol=1e-5)
 
 
