@@ -1,16 +1,23 @@
 """The OpenAI-compatible HTTP API, as a FastAPI app over any ``ModelClient``.
 
 ``create_api`` is what the Serve ingress mounts; tests mount it over a client backed by a fake
-engine. Every failure answers with an OpenAI error object: 400/422 for a bad request, 404 for
-an unknown model, 503 when no replica can serve — never a bare 500 or a hang.
+engine. Every failure answers with an OpenAI error object: 400 for a bad request (``param``
+names the field), 404 for an unknown model, 429 with ``Retry-After`` when the replicas' queue
+is full, 504 past the request's deadline, 503 when no replica can serve — never a bare 500, a
+hang, or a stalled replica. A 5xx names the request id (the logs hold the details under it),
+never an exception's text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -19,13 +26,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import responses
 from deployments.admission import AdmissionError, AdmissionPolicy, admit, error_body, parse_body
-from deployments.messages import (ChatRequest, ReplicaEvent, ReplicaUnavailableError, StreamEnd,
-                                  StreamStart, TextStep)
+from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
+                                  ReplicaUnavailableError, StreamEnd, StreamError, StreamStart,
+                                  TextStep)
+from deployments.prompting import PromptRenderer, fit_to_context
+from deployments.schemas import ChatCompletionRequest
 from deployments.tool_stream import ToolCallStream
 from deployments.tracing import tracer
 from toolspec.formats import get_format
 
 SESSION_HEADER = "x-session-id"
+REQUEST_ID_HEADER = "x-request-id"
 logger = logging.getLogger(__name__)
 
 
@@ -33,20 +44,41 @@ class ModelClient(Protocol):
     """Reaches a model replica; the session id (if any) picks which one."""
 
     def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
-        """The replica's events for ``request``; raises ReplicaUnavailableError."""
+        """The replica's events for ``request``; raises ReplicaUnavailableError (or its
+        subclass ReplicaBusyError when every replica's queue is full). Leaving the iterator
+        early cancels the request on the replica."""
 
 
 class IncompleteStreamError(ReplicaUnavailableError):
     """The replica's events ended without a StreamEnd."""
 
 
-def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
-    """The app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``."""
+class RequestFailed(Exception):
+    """A request that ended with an error after admission: ``status`` and the error object."""
+
+    def __init__(self, status: int, body: dict[str, Any],
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(body["error"]["message"])
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+    def response(self, headers: dict[str, str]) -> JSONResponse:
+        return JSONResponse(self.body, status_code=self.status,
+                            headers={**headers, **self.headers})
+
+
+def create_api(client: ModelClient, policy: AdmissionPolicy,
+               renderer: PromptRenderer | None = None) -> FastAPI:
+    """The app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
+
+    ``renderer``: the served model's chat template and tokenizer, to count a prompt's tokens
+    at admission (None: the replica counts them, and refuses a prompt too long with a 400)."""
     api = FastAPI(title="ToolSpec serving", docs_url=None, redoc_url=None)
 
     @api.exception_handler(AdmissionError)
-    async def refused(_: Request, error: AdmissionError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+    async def refused(http: Request, error: AdmissionError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=_id_header(http))
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -54,10 +86,11 @@ def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
         return JSONResponse(error_body(str(error.detail)), status_code=error.status_code)
 
     @api.exception_handler(Exception)
-    async def internal_error(_: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected failure")
-        return JSONResponse(error_body(f"internal error: {type(error).__name__}: {error}",
-                                       "internal_error", code="internal_error"), status_code=500)
+    async def internal_error(http: Request, error: Exception) -> JSONResponse:
+        request_id = getattr(http.state, "request_id", None) or "-"
+        logger.exception("request %s: unexpected failure", request_id)
+        return JSONResponse(internal_error_body(request_id), status_code=500,
+                            headers=_id_header(http))
 
     @api.get("/health")
     async def health() -> dict[str, str]:
@@ -71,100 +104,213 @@ def create_api(client: ModelClient, policy: AdmissionPolicy) -> FastAPI:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Any:
+        request_id = _request_id(http)
         with tracer.start_as_current_span("toolspec.request") as span:
+            raw = await _read_body(http, policy.limits.max_body_bytes)
             with tracer.start_as_current_span("toolspec.admission"):
-                body = parse_body(await http.body())
-                request = admit(body, policy, uuid.uuid4().hex[:24],
-                                http.headers.get(SESSION_HEADER),
-                                policy.tenants.header_value(http.headers))
-            span.set_attributes({"toolspec.request_id": request.request_id,
+                # Parsing a large body and rendering its prompt take CPU time: off the loop.
+                body, request = await asyncio.to_thread(
+                    _admitted, raw, policy, renderer, request_id, http)
+            span.set_attributes({"toolspec.request_id": request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            answer = _Answer(request, policy.expose_replica)
             if body.stream:
                 # The stream outlives this span; its replica call is traced on its own.
-                return StreamingResponse(_stream(client, request, include_usage),
-                                         media_type="text/event-stream")
-            return await _complete(client, request)
+                return StreamingResponse(_stream(client, answer, include_usage),
+                                         media_type="text/event-stream",
+                                         headers=_id_header(http))
+            try:
+                result = await _complete(client, answer)
+            except RequestFailed as failure:
+                return failure.response(_id_header(http))
+            return JSONResponse(result, headers=_id_header(http))
 
     return api
 
 
-async def _complete(client: ModelClient, request: ChatRequest) -> Any:
-    start, end, output = None, None, None
+def _request_id(http: Request) -> str:
+    """The request's id in the logs: Ray Serve's (its proxy puts it in ``x-request-id`` and
+    on the response, and its log lines carry it), else one of ours. Mutates: ``http.state``."""
+    given = http.headers.get(REQUEST_ID_HEADER)
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        http.state.request_id, http.state.id_is_ours = given, False
+    else:
+        http.state.request_id, http.state.id_is_ours = uuid.uuid4().hex[:24], True
+    return http.state.request_id
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def _id_header(http: Request) -> dict[str, str]:
+    """The request id, on every answer (what a user quotes to find it in the logs), unless
+    Ray Serve puts it there itself."""
+    request_id = getattr(http.state, "request_id", None)
+    ours = getattr(http.state, "id_is_ours", True)
+    return {REQUEST_ID_HEADER: request_id} if request_id and ours else {}
+
+
+def _admitted(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
+              request_id: str, http: Request) -> tuple[ChatCompletionRequest, ChatRequest]:
+    body = parse_body(raw, policy.limits)
+    request = admit(body, policy, request_id, http.headers.get(SESSION_HEADER),
+                    policy.tenants.header_value(http.headers))
+    if renderer is not None:
+        request = fit_to_context(renderer.render(request), body, renderer.context_tokens
+                                 if policy.limits.context_tokens is None
+                                 else policy.limits.context_tokens)
+    if policy.request_timeout_s is not None:
+        request = replace(request, deadline=time.time() + policy.request_timeout_s)
+    return body, request
+
+
+async def _read_body(http: Request, limit: int) -> bytes:
+    """The body, refused (400) once it passes ``limit`` bytes: never read whole first."""
+    declared = http.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> AdmissionError:
+    return AdmissionError(400, f"the request body is {size}+ bytes; this server takes at most "
+                          f"{limit}", code="request_too_large")
+
+
+def internal_error_body(request_id: str) -> dict[str, Any]:
+    return error_body(f"internal error; the server's logs hold the details under request id "
+                      f"{request_id}", "internal_error", code="internal_error")
+
+
+class _Answer:
+    """One admitted request's answer as it is put together: its output parser, its start."""
+
+    def __init__(self, request: ChatRequest, expose_replica: bool) -> None:
+        self.request = request
+        self.expose_replica = expose_replica
+        self.start: StreamStart | None = None
+        self.output: ToolCallStream | None = None
+
+    def started(self, start: StreamStart) -> None:
+        self.start = start
+        call_format = get_format(start.call_format) if self.request.parses_calls else None
+        self.output = ToolCallStream(call_format, self.request.request_id[:12])
+
+    def extension(self, end: StreamEnd) -> dict[str, Any]:
+        return responses.extension(self.start, end, self.expose_replica)
+
+
+async def _events(client: ModelClient, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
+    """The replica's events, ended by the request's deadline; errors as ``RequestFailed``."""
+    stream = client.stream(request)
     try:
-        async for event in client.stream(request):
-            if isinstance(event, StreamStart):
-                start, output = event, _output_for(request, event)
-            elif isinstance(event, TextStep):
-                output.feed(event.text)
-            else:
-                end = event
+        while True:
+            # Per event, not around the loop: a timeout must never fire while the consumer
+            # holds an event (it would cancel the consumer's own awaits instead).
+            remaining = None if request.deadline is None else request.deadline - time.time()
+            try:
+                event = await asyncio.wait_for(anext(stream), remaining)
+            except StopAsyncIteration:
+                return
+            if isinstance(event, StreamError):
+                raise _failed(request, event)
+            yield event
+    except TimeoutError:
+        raise _failed(request, StreamError("deadline_exceeded", "")) from None
+    except ReplicaBusyError as error:
+        logger.warning("request %s refused: %s", request.request_id, error)
+        retry = str(max(1, math.ceil(error.retry_after_s)))
+        raise RequestFailed(429, error_body(
+            "every model replica is busy and its queue is full; retry after "
+            f"{retry} s", "rate_limit_exceeded", code="queue_full"),
+            {"Retry-After": retry}) from None
     except ReplicaUnavailableError as error:
-        return _unavailable(error)
-    if start is None or end is None:
-        return _unavailable(IncompleteStreamError("the replica's answer ended early"))
-    output.finish()
-    return responses.completion(request, int(time.time()), start, end, output)
+        logger.warning("request %s failed: %s", request.request_id, error)
+        raise RequestFailed(503, error_body(
+            f"no model replica could serve the request (request id {request.request_id})",
+            "service_unavailable", code="replica_unavailable")) from None
+    finally:
+        await stream.aclose()  # cancels the request on the replica if it is still running
 
 
-async def _stream(client: ModelClient, request: ChatRequest, include_usage: bool
+def _failed(request: ChatRequest, error: StreamError) -> RequestFailed:
+    if error.kind == "context_length_exceeded":
+        return RequestFailed(400, error_body(error.message, param="messages",
+                                             code="context_length_exceeded"))
+    if error.kind == "deadline_exceeded":
+        logger.warning("request %s passed its deadline", request.request_id)
+        return RequestFailed(504, error_body(
+            f"the request ran past this server's time limit (request id {request.request_id})",
+            "timeout", code="deadline_exceeded"))
+    logger.error("request %s failed on the replica: %s", request.request_id, error.message)
+    return RequestFailed(500, internal_error_body(request.request_id))
+
+
+async def _complete(client: ModelClient, answer: _Answer) -> dict[str, Any]:
+    end = None
+    async for event in _events(client, answer.request):
+        if isinstance(event, StreamStart):
+            answer.started(event)
+        elif isinstance(event, TextStep):
+            answer.output.feed(event.text)
+        else:
+            end = event
+    if answer.start is None or end is None:
+        raise RequestFailed(503, error_body(
+            f"the model replica's answer ended early (request id {answer.request.request_id})",
+            "service_unavailable", code="replica_unavailable"))
+    answer.output.finish()
+    return responses.completion(answer.request, int(time.time()), answer.start, end,
+                                answer.output, answer.extension(end))
+
+
+async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
                   ) -> AsyncIterator[str]:
+    request = answer.request
     created = int(time.time())
-    start, output = None, None
     try:
-        async for event in client.stream(request):
+        async for event in _events(client, request):
             if isinstance(event, StreamStart):
-                start, output = event, _output_for(request, event)
+                answer.started(event)
                 yield responses.chunk(request, created, {"role": "assistant", "content": ""})
             elif isinstance(event, TextStep):
-                delta = output.feed(event.text)
-                if delta:
-                    yield responses.chunk(request, created, responses.delta_body(delta))
+                for delta in responses.delta_bodies(answer.output.feed(event.text)):
+                    yield responses.chunk(request, created, delta)
             elif isinstance(event, StreamEnd):
-                yield _final_chunks(request, created, start, event, output, include_usage)
+                yield _final_chunks(answer, created, event, include_usage)
                 yield responses.DONE
                 return
-        raise IncompleteStreamError("the replica's answer ended early")
-    except ReplicaUnavailableError as error:
+        raise RequestFailed(503, error_body(
+            f"the model replica's answer ended early (request id {request.request_id})",
+            "service_unavailable", code="replica_unavailable"))
+    except RequestFailed as failure:
         # Headers are sent already: the error goes in the stream, then the stream ends.
-        logger.warning("request %s failed mid-stream: %s", request.request_id, error)
-        yield responses.sse(_error_body(error))
+        yield responses.sse(failure.body)
         yield responses.DONE
-    except Exception as error:  # a fault must not cut the stream without an error event
+    except Exception:  # a fault must not cut the stream without an error event
         logger.exception("request %s failed mid-stream", request.request_id)
-        yield responses.sse(error_body(f"internal error: {type(error).__name__}: {error}",
-                                       "internal_error", code="internal_error"))
+        yield responses.sse(internal_error_body(request.request_id))
         yield responses.DONE
 
 
-def _final_chunks(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
-             output: ToolCallStream, include_usage: bool) -> str:
+def _final_chunks(answer: _Answer, created: int, end: StreamEnd, include_usage: bool) -> str:
     """The last chunks: held-back text, the finish reason, and usage if asked."""
-    events = ""
-    rest = output.finish()
-    if rest:
-        events += responses.chunk(request, created, responses.delta_body(rest))
+    request, output = answer.request, answer.output
+    events = "".join(responses.chunk(request, created, delta)
+                     for delta in responses.delta_bodies(output.finish()))
     events += responses.chunk(request, created, {}, responses.finish_reason(end, output),
-                              toolspec=responses.extension(start, end))
+                              toolspec=answer.extension(end))
     if include_usage:
         events += responses.sse({"id": f"chatcmpl-{request.request_id}",
                                  "object": "chat.completion.chunk", "created": created,
                                  "model": request.model, "choices": [],
-                                 "usage": responses.usage(start, end)})
+                                 "usage": responses.usage(answer.start, end)})
     return events
-
-
-def _output_for(request: ChatRequest, start: StreamStart) -> ToolCallStream:
-    call_format = get_format(start.call_format) if request.parses_calls else None
-    return ToolCallStream(call_format, request.request_id[:12])
-
-
-def _error_body(error: ReplicaUnavailableError) -> dict[str, Any]:
-    return error_body(f"no model replica could serve the request: {error}",
-                      "service_unavailable", code="replica_unavailable")
-
-
-def _unavailable(error: ReplicaUnavailableError) -> JSONResponse:
-    logger.warning("request failed: %s", error)
-    return JSONResponse(_error_body(error), status_code=503)

@@ -18,10 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.admission import AdmissionPolicy
 from deployments.chat_engine import EngineSettings
+from deployments.limits import AdmissionLimits
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
@@ -44,10 +45,17 @@ class ModelConfig(_Strict):
     prepack_linear: bool = Field(
         True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
                           "cheap verification; false for PyTorch's stock kernels)")
+    prefill_chunk_tokens: int = Field(
+        512, ge=0, description="a prompt is prefilled this many tokens per forward, other "
+                               "requests' steps in between (0: whole prompts)")
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     max_ongoing_requests: int = Field(8, ge=1)
+    max_queued_requests: int = Field(
+        64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
+                              "past it the client gets 429 with Retry-After")
+    retry_after_s: int = Field(2, ge=1, description="the Retry-After a queue-full 429 sends")
     session_affinity: bool = True
 
 
@@ -58,6 +66,23 @@ class LibraryConfig(_Strict):
     max_calls: int | None = 100_000
     seed_file: str | None = Field(None, description="calls to import into an empty library")
     num_cpus: float = Field(0.5, ge=0)
+
+
+class LimitsConfig(_Strict):
+    """What one request may ask for; each refusal is a 400 naming the limit."""
+
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="checked before parsing")
+    max_json_depth: int = Field(64, ge=8, description="nesting of the request body's JSON")
+    max_messages: int = Field(1024, ge=1)
+    max_tools: int = Field(128, ge=1)
+    max_tool_schema_bytes: int = Field(32 << 10, ge=256, description="JSON size of one tool")
+    max_tool_schema_depth: int = Field(24, ge=4, description="JSON nesting of one tool")
+    context_tokens: int | None = Field(
+        None, ge=16, description="prompt (after the chat template) + max_tokens; default: "
+                                 "the model's own context")
+
+    def admission(self) -> AdmissionLimits:
+        return AdmissionLimits(**self.model_dump())
 
 
 class AppConfig(_Strict):
@@ -73,17 +98,30 @@ class AppConfig(_Strict):
                                                   "null: requests cannot name one")
     tenant_from_user: bool = Field(False, description="without the header, the body's `user` "
                                                       "names the tenant")
+    limits: LimitsConfig = LimitsConfig()
+    request_timeout_s: float | None = Field(
+        300.0, gt=0, description="a request still running after this long is ended with a "
+                                 "504 error object (streams: an error event); null: no limit")
+    count_prompt_tokens_at_ingress: bool = Field(
+        True, description="the ingress renders each prompt with the model's tokenizer and "
+                          "refuses one past the context before any model work")
+    expose_replica: bool = Field(False, description="responses name the replica that served "
+                                                    "them (debugging session pinning)")
     ingress_replicas: int = Field(1, ge=1)
+    ingress_max_ongoing_requests: int = Field(256, ge=1)
 
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
-                              prepack_linear=self.model.prepack_linear)
+                              prepack_linear=self.model.prepack_linear,
+                              prefill_chunk_tokens=self.model.prefill_chunk_tokens)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),
                                self.tenant_from_user)
         return AdmissionPolicy((self.served_model_name or self.model.model,),
-                               self.default_max_tokens, self.max_tokens_limit, tenants)
+                               self.default_max_tokens, self.max_tokens_limit, tenants,
+                               self.limits.admission(), self.request_timeout_s,
+                               self.expose_replica)
 
 
 def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) -> Application:
@@ -103,6 +141,9 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         "name": "ModelServer",
         "num_replicas": config.model.replicas,
         "max_ongoing_requests": config.model.max_ongoing_requests,
+        "max_queued_requests": config.model.max_queued_requests,
+        "backpressure_config": BackpressureConfig(status_code=429,
+                                                  retry_after_s=config.model.retry_after_s),
         "ray_actor_options": {"num_cpus": config.model.num_cpus,
                               "num_gpus": config.model.num_gpus},
         # Loading the model takes seconds (a minute on first use, when weights are converted).
@@ -113,9 +154,16 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         model_options["request_router_config"] = router
     model = serve.deployment(ModelServer, **model_options).bind(
         asdict(settings), library, engine_factory)
-    ingress = serve.deployment(Ingress, name="Ingress", num_replicas=config.ingress_replicas,
-                               ray_actor_options={"num_cpus": 0.1})
-    return ingress.bind(model, config.policy())
+    ingress = serve.deployment(
+        Ingress, name="Ingress", num_replicas=config.ingress_replicas,
+        ray_actor_options={"num_cpus": 0.1},
+        max_ongoing_requests=config.ingress_max_ongoing_requests,
+        # Past this the proxy refuses (429): the model deployment's own queue fills first.
+        max_queued_requests=config.ingress_max_ongoing_requests,
+        backpressure_config=BackpressureConfig(status_code=429,
+                                               retry_after_s=config.model.retry_after_s))
+    renderer = config.model.model if config.count_prompt_tokens_at_ingress else None
+    return ingress.bind(model, config.policy(), renderer)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

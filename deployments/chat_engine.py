@@ -22,20 +22,21 @@ from typing import Literal, Protocol
 
 from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
+from deployments.prompting import ContextLengthError, context_message
 from toolspec.bench.run import build_engine
 from toolspec.drafters import Drafter
 from toolspec.drafters.retrieval import ToolSpecDrafter
 from toolspec.drafters.schema import SchemaDrafter
 from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 from toolspec.engine import Engine, GenerationParams, StepEvent
-from toolspec.formats import CallFormat
+from toolspec.formats import CallFormat, get_format
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.library import CallLibrary
 from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
                              load_model)
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.sampling import SamplingParams
-from toolspec.tool_grammar import tool_call_grammar
+from toolspec.tool_grammar import answer_grammar, tool_call_grammar
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class EngineSettings:
     # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
     # packed copy costs the weights' memory again). False: PyTorch's stock kernels.
     prepack_linear: bool = True
+    # A prompt is prefilled this many tokens per forward, other requests' steps in between:
+    # a long prompt delays the others by one chunk at a time, never by its whole length.
+    prefill_chunk_tokens: int = 512
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class ToolSpecChatEngine:
         self.settings = settings
         self.loaded = load_model(settings.model, settings.dtype,
                                  prepack_linear=settings.prepack_linear)
-        self.engine = _engine(self.loaded, settings.draft_budget)
+        self.engine = _engine(self.loaded, settings)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
         self.suffix_caches = TenantSuffixCaches()
         # Built at load (seconds for a large vocabulary), not on the first strict request.
@@ -92,24 +96,28 @@ class ToolSpecChatEngine:
         return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take a new draft budget and session-cache budget (same model, dtype, packed rows).
+        """Take a new draft budget, prefill chunk and session-cache budget (same model, dtype,
+        packed rows).
         Mutates: the engine and the session caches (emptied when their budget changes)."""
-        if settings.draft_budget != self.settings.draft_budget:
-            self.engine = _engine(self.loaded, settings.draft_budget)
+        if (settings.draft_budget, settings.prefill_chunk_tokens) != \
+                (self.settings.draft_budget, self.settings.prefill_chunk_tokens):
+            self.engine = _engine(self.loaded, settings)
         if settings.session_kv_bytes != self.settings.session_kv_bytes:
             self.sessions = SessionKVStore(settings.session_kv_bytes)
         self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
-        tokenizer = self.loaded.tokenizer
-        prompt, call_format = chat_prompt(tokenizer, request.messages,
-                                          request.openai_tools or None)
+        prompt, call_format = self._prompt(request)
+        context = self.loaded.model.config.max_position_embeddings
+        if len(prompt) + request.max_tokens > context:
+            raise ContextLengthError(context_message(len(prompt), request.max_tokens, context))
         stop = request.stop
-        if request.parses_calls and not request.parallel_tool_calls and call_format.call_close:
+        if request.parses_calls and not request.parallel_calls and call_format.call_close:
             stop = (*stop, call_format.call_close)  # one call, then the output ends
         params = GenerationParams(
             max_new_tokens=request.max_tokens, stop=stop,
-            sampling=SamplingParams(request.temperature, request.top_p, seed=request.seed),
+            sampling=SamplingParams(request.temperature, request.top_p, request.top_k,
+                                    seed=request.seed),
             constraint=self._constraint(request, call_format))
         session = None  # a session's KV is its tenant's: the same id elsewhere is another one
         if request.session_id and self.settings.session_kv_bytes > 0:
@@ -125,15 +133,24 @@ class ToolSpecChatEngine:
         return ChatStream(call_format, len(prompt), steps, len(prefix.tokens) if prefix else 0,
                           params.constraint is not None)
 
+    def _prompt(self, request: ChatRequest) -> tuple[list[int], CallFormat]:
+        """The ingress's rendering when it used this model's tokenizer, else our own."""
+        if request.prompt_ids is not None and request.prompt_model == self.settings.model \
+                and request.call_format is not None:
+            return list(request.prompt_ids), get_format(request.call_format)
+        return chat_prompt(self.loaded.tokenizer, request.messages, request.openai_tools or None)
+
     def _constraint(self, request: ChatRequest, call_format: CallFormat
                     ) -> GrammarConstraint | None:
         """The compiled grammar a constrained request decodes under (None: unconstrained)."""
-        if not request.constrained or request.tools is None:
+        if not request.constrained:
             return None
+        if not request.parses_calls:  # response_format alone
+            return self.grammars.compile(answer_grammar(request.answer_schema))
         shape = "calls" if request.forces_call else "text_or_calls"
         return self.grammars.compile(tool_call_grammar(
-            request.tools.tools, call_format, shape, request.parallel_tool_calls,
-            self.grammars.added_tokens))
+            request.tools.tools, call_format, shape, request.parallel_calls,
+            self.grammars.added_tokens, None if request.forces_call else request.answer_schema))
 
     def _keeping_kv(self, session: str, steps: Generator[StepEvent, None, None]
                     ) -> Iterator[StepEvent]:
@@ -174,6 +191,9 @@ class TenantSuffixCaches:
         return cache
 
 
-def _engine(loaded: LoadedModel, draft_budget: int | Literal["auto"]) -> Engine:
-    return build_engine(loaded, None if draft_budget == "auto" else draft_budget)
+def _engine(loaded: LoadedModel, settings: EngineSettings) -> Engine:
+    engine = build_engine(loaded, None if settings.draft_budget == "auto"
+                          else settings.draft_budget)
+    engine.prefill_chunk_tokens = settings.prefill_chunk_tokens
+    return engine
 

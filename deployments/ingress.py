@@ -7,17 +7,22 @@ the model deployment's consistent-hash router needs it to keep a session on one 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
 from ray.exceptions import RayError
-from ray.serve.exceptions import RayServeException
+from ray.serve.exceptions import BackPressureError, RayServeException
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
-from deployments.messages import ChatRequest, ReplicaEvent, ReplicaUnavailableError
+from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
+                                  ReplicaUnavailableError)
+from deployments.prompting import PromptRenderer
+
+logger = logging.getLogger(__name__)
 
 
 class ServeModelClient:
@@ -30,20 +35,44 @@ class ServeModelClient:
         handle = self._handle
         if request.session_id:
             handle = handle.options(session_id=request.session_id)
+        response, settled = None, False
         try:
-            async for event in handle.generate.remote(request):
+            # The router may refuse at once (queue full): inside the try, like the events.
+            response = handle.generate.remote(request)
+            async for event in response:
                 yield event
+            settled = True
+        except BackPressureError as error:
+            settled = True
+            raise ReplicaBusyError(error.message, error.retry_after_s or 1.0) from error
         except (RayError, RayServeException) as error:
+            settled = True
             raise ReplicaUnavailableError(f"{type(error).__name__}: {error}") from error
+        finally:
+            if response is not None and not settled:
+                _cancel(response)  # the client left or the deadline passed: stop its work
+
+
+def _cancel(response: Any) -> None:
+    """Cancel a running handle call. A call whose assignment failed re-raises that failure
+    from ``cancel``; it was answered already."""
+    try:
+        response.cancel()
+    except Exception as error:  # noqa: BLE001 - nothing left to stop
+        logger.debug("cancelling a handle call: %s", error)
 
 
 @serve.ingress()
 class Ingress:
-    """Serve deployment class; the FastAPI app is built per replica from its arguments."""
+    """Serve deployment class; the FastAPI app is built per replica from its arguments.
+    ``renderer_model``: the model whose chat template and tokenizer count prompts at
+    admission (None: the replica counts them)."""
 
-    def __init__(self, model: Any, policy: AdmissionPolicy) -> None:
+    def __init__(self, model: Any, policy: AdmissionPolicy,
+                 renderer_model: str | None = None) -> None:
         self.client = ServeModelClient(model)
         self.policy = policy
+        self.renderer = PromptRenderer(renderer_model) if renderer_model else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_api(self.client, self.policy)
+        return create_api(self.client, self.policy, self.renderer)

@@ -39,9 +39,19 @@ class ChatRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0
     stop: tuple[str, ...] = ()
     session_id: str | None = None
     tenant: str = "default"
+    # ``response_format``: the JSON schema a non-call answer follows (json_object: any object).
+    answer_schema: Mapping[str, Any] | None = None
+    # The prompt as the ingress rendered it (chat template, then the tokenizer of ``model``):
+    # the replica runs these ids when its loaded model is ``prompt_model``.
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_model: str | None = None
+    call_format: str | None = None
+    # Wall-clock time (``time.time()``) after which the request is ended with an error.
+    deadline: float | None = None
 
     @property
     def parses_calls(self) -> bool:
@@ -55,9 +65,16 @@ class ChatRequest:
 
     @property
     def constrained(self) -> bool:
-        """Whether decoding is grammar-constrained: calls are forced, or must be strict.
-        Otherwise (``auto``) it is lossless speculation of the model's own output."""
-        return self.forces_call or (self.parses_calls and self.strict)
+        """Whether decoding is grammar-constrained: calls are forced, must be strict, or the
+        answer must follow ``response_format``. Otherwise (``auto``) it is lossless
+        speculation of the model's own output."""
+        return (self.forces_call or (self.parses_calls and self.strict)
+                or self.answer_schema is not None)
+
+    @property
+    def parallel_calls(self) -> bool:
+        """Whether the answer may hold several calls (a named choice makes exactly one)."""
+        return self.parallel_tool_calls and self.tool_choice != "named"
 
 
 @dataclass(frozen=True)
@@ -92,8 +109,31 @@ class StreamEnd:
     mat: float = 0.0  # mean tokens per verification forward (``Generation.mat``)
 
 
-ReplicaEvent = Union[StreamStart, TextStep, StreamEnd]
+ErrorKind = Literal["context_length_exceeded", "deadline_exceeded", "internal_error"]
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """Sent instead of ``StreamEnd`` when the replica ended the request with an error: a
+    request the ingress could not judge (the prompt longer than the replica's model takes),
+    one past its deadline, or a failure (``message`` then says no more than the kind; the
+    replica's log holds the details under the request id)."""
+
+    kind: ErrorKind
+    message: str
+
+
+ReplicaEvent = Union[StreamStart, TextStep, StreamEnd, StreamError]
 
 
 class ReplicaUnavailableError(RuntimeError):
     """The model replica could not take or finish the request (it died or was shut down)."""
+
+
+class ReplicaBusyError(ReplicaUnavailableError):
+    """Every model replica is busy and the queue in front of them is full (backpressure);
+    ``retry_after_s``: when to try again."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

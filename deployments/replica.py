@@ -19,7 +19,9 @@ from typing import Any
 from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
 from deployments.decode_lookups import DecodeLookups
 from deployments.library_cache import LibraryCache
-from deployments.messages import ChatRequest, ReplicaEvent, StreamEnd, StreamStart, TextStep
+from deployments.messages import (ChatRequest, ReplicaEvent, StreamEnd, StreamError,
+                                  StreamStart, TextStep)
+from deployments.prompting import ContextLengthError
 from deployments.scheduler import StepScheduler
 from deployments.tracing import record_span, record_step, tracer
 from toolspec.engine import Generation
@@ -42,51 +44,78 @@ class ModelReplica:
         self.served = 0
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
-        """``StreamStart``, a ``TextStep`` per decoding step, then ``StreamEnd``."""
+        """``StreamStart``, a ``TextStep`` per decoding step, then ``StreamEnd`` — or a
+        ``StreamError`` (a prompt too long for this model, the deadline passed, a failure;
+        the failure's details go to the log under the request id, not to the client)."""
         # Not a current span: the context would have to cross the generator's yields.
         span = tracer.start_span("toolspec.generate", attributes={
             "toolspec.request_id": request.request_id, "toolspec.replica": self.name})
         try:
-            if self.library is not None:
-                self.library.prefetch(request)
-            chat = self.engine.open(request, self.library.local if self.library else None)
-            span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
-                                 "toolspec.prefix_reused": chat.prefix_reused,
-                                 "toolspec.constrained": chat.constrained})
-            yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
-                              chat.prefix_reused, chat.constrained)
-            lookups = None
-            if self.library is not None and request.parses_calls:
-                lookups = DecodeLookups(self.library, request, chat.call_format.arguments_key)
-            first_step_s = None
-            async for step in self.scheduler.run(chat.steps):
-                now = time.perf_counter()
-                if step.stats is None:
-                    first_step_s = now
-                else:
-                    record_step(step.stats, now, span)
-                if lookups is not None:
-                    lookups.observe(step.text)  # starts a lookup at most; never waits on one
-                if step.text or step.generation is None:
-                    yield TextStep(step.text, len(step.tokens))
-                if step.generation is not None:
-                    generation = step.generation
-                    if first_step_s is not None:
-                        record_span("toolspec.prefill", first_step_s - generation.prefill_s,
-                                    generation.prefill_s, span)
-                    self.served += 1
-                    if self.library is not None and request.parses_calls:
-                        self.library.remember(request, chat.call_format.parse(generation.text))
-                    span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
-                                         "toolspec.steps": len(generation.steps)})
-                    yield _end(generation)
+            async for event in self._generate(request, span):
+                yield event
+        except ContextLengthError as error:
+            yield StreamError("context_length_exceeded", str(error))
+        except DeadlineExceededError:
+            logger.warning("request %s passed its deadline; ended", request.request_id)
+            yield StreamError("deadline_exceeded", "the request passed its deadline")
+        except Exception as error:  # the request's own failure: this replica serves on
+            logger.exception("request %s failed", request.request_id)
+            yield StreamError("internal_error", type(error).__name__)
         finally:
             span.end()
+
+    async def _generate(self, request: ChatRequest, span: Any) -> AsyncIterator[ReplicaEvent]:
+        _check_deadline(request)
+        if self.library is not None:
+            self.library.prefetch(request)
+        chat = self.engine.open(request, self.library.local if self.library else None)
+        span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
+                             "toolspec.prefix_reused": chat.prefix_reused,
+                             "toolspec.constrained": chat.constrained})
+        yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
+                          chat.prefix_reused, chat.constrained)
+        lookups = None
+        if self.library is not None and request.parses_calls:
+            lookups = DecodeLookups(self.library, request, chat.call_format.arguments_key)
+        first_step_s = None
+        async for step in self.scheduler.run(chat.steps):
+            _check_deadline(request)  # leaving the loop closes the steps: the slot is freed
+            if not step.tokens and step.generation is None:
+                continue  # a chunk of the prompt's prefill
+            now = time.perf_counter()
+            if step.stats is None:
+                first_step_s = now
+            else:
+                record_step(step.stats, now, span)
+            if lookups is not None:
+                lookups.observe(step.text)  # starts a lookup at most; never waits on one
+            if step.text or step.generation is None:
+                yield TextStep(step.text, len(step.tokens))
+            if step.generation is not None:
+                generation = step.generation
+                if first_step_s is not None:
+                    record_span("toolspec.prefill", first_step_s - generation.prefill_s,
+                                generation.prefill_s, span)
+                self.served += 1
+                if self.library is not None and request.parses_calls:
+                    self.library.remember(request, chat.call_format.parse(generation.text))
+                span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
+                                     "toolspec.steps": len(generation.steps)})
+                yield _end(generation)
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
         if self.library is not None:
             self.library.close()
+
+
+class DeadlineExceededError(TimeoutError):
+    """The request ran past ``ChatRequest.deadline``."""
+
+
+def _check_deadline(request: ChatRequest) -> None:
+    if request.deadline is not None and time.time() > request.deadline:
+        raise DeadlineExceededError(request.request_id)
 
 
 def _end(generation: Generation) -> StreamEnd:

@@ -22,22 +22,31 @@ def finish_reason(end: StreamEnd, output: ToolCallStream) -> str:
     return "tool_calls" if output.tool_calls else "stop"
 
 
-def usage(start: StreamStart, end: StreamEnd) -> dict[str, int]:
+def usage(start: StreamStart, end: StreamEnd) -> dict[str, Any]:
+    """Token counts; ``cached_tokens``: prompt tokens whose keys and values the session's
+    earlier turn left in the replica (not computed again)."""
     return {"prompt_tokens": start.prompt_tokens, "completion_tokens": end.completion_tokens,
-            "total_tokens": start.prompt_tokens + end.completion_tokens}
+            "total_tokens": start.prompt_tokens + end.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": start.prefix_reused}}
 
 
-def extension(start: StreamStart, end: StreamEnd) -> dict[str, Any]:
-    return {"mat": round(end.mat, 4), "steps": end.steps,
+def extension(start: StreamStart, end: StreamEnd, expose_replica: bool = False
+              ) -> dict[str, Any]:
+    """The ``toolspec`` object; it names the replica only when the deployment says so."""
+    body = {"mat": round(end.mat, 4), "steps": end.steps,
             "accepted_by_source": dict(end.accepted_by_source),
             "prefill_s": round(end.prefill_s, 4), "decode_s": round(end.decode_s, 4),
-            "call_format": start.call_format, "replica": start.replica,
+            "call_format": start.call_format,
             "prefix_reused_tokens": start.prefix_reused, "constrained": start.constrained}
+    if expose_replica:
+        body["replica"] = start.replica
+    return body
 
 
 def completion(request: ChatRequest, created: int, start: StreamStart, end: StreamEnd,
-               output: ToolCallStream) -> dict[str, Any]:
-    """The whole ``chat.completion`` for a finished (and ``finish``-ed) ``output``."""
+               output: ToolCallStream, toolspec: dict[str, Any]) -> dict[str, Any]:
+    """The whole ``chat.completion`` for a finished (and ``finish``-ed) ``output``;
+    ``toolspec``: the extension object."""
     message: dict[str, Any] = {"role": "assistant", "content": output.content}
     calls = output.tool_calls
     if calls:
@@ -50,7 +59,7 @@ def completion(request: ChatRequest, created: int, start: StreamStart, end: Stre
         "choices": [{"index": 0, "message": message, "logprobs": None,
                      "finish_reason": finish_reason(end, output)}],
         "usage": usage(start, end),
-        "toolspec": extension(start, end),
+        "toolspec": toolspec,
     }
 
 
@@ -64,23 +73,20 @@ def chunk(request: ChatRequest, created: int, delta: dict[str, Any],
     return sse(body)
 
 
-def delta_body(delta: OutputDelta) -> dict[str, Any]:
-    """An ``OutputDelta`` as the ``delta`` of a chunk."""
-    body: dict[str, Any] = {}
-    if delta.content:
-        body["content"] = delta.content
-    if delta.tool_calls:
-        fragments = []
-        for call in delta.tool_calls:
-            function: dict[str, Any] = {"arguments": call.arguments}
-            fragment: dict[str, Any] = {"index": call.index, "function": function}
-            if call.name is not None:
-                fragment["id"] = call.id
-                fragment["type"] = "function"
-                function["name"] = call.name
-            fragments.append(fragment)
-        body["tool_calls"] = fragments
-    return body
+def delta_bodies(delta: OutputDelta) -> list[dict[str, Any]]:
+    """An ``OutputDelta`` as the ``delta`` bodies of successive chunks: its content, then one
+    chunk per tool-call fragment (a step may finish one call and start the next; several
+    clients read only the first fragment of a chunk)."""
+    bodies: list[dict[str, Any]] = [{"content": delta.content}] if delta.content else []
+    for call in delta.tool_calls:
+        function: dict[str, Any] = {"arguments": call.arguments}
+        fragment: dict[str, Any] = {"index": call.index, "function": function}
+        if call.name is not None:
+            fragment["id"] = call.id
+            fragment["type"] = "function"
+            function["name"] = call.name
+        bodies.append({"tool_calls": [fragment]})
+    return bodies
 
 
 def sse(body: dict[str, Any]) -> str:

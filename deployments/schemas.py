@@ -1,7 +1,11 @@
 """The HTTP edge: OpenAI chat-completion request bodies and the error object, in pydantic.
 
 Only the shape is checked here; meaning (tool schemas, ``tool_choice`` against ``tools``, the
-model name) is checked in ``admission``.
+model name, limits) is checked in ``admission``. A top-level field this server does not know is
+refused (as the OpenAI API refuses it), never silently ignored; fields it knows but does not
+implement are declared with their neutral value, and ``admission`` refuses any other value.
+Messages and tools stay open: clients echo fields of earlier responses (``refusal``,
+``annotations``) that change nothing.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: OpenAI's rule for function names (the API answers 400 for any other name).
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
 
 class _Open(BaseModel):
-    # Clients send fields we do not use (logprobs, metadata, ...): accept and ignore them.
+    # Clients echo fields of earlier responses: accept and ignore them.
     model_config = ConfigDict(extra="allow")
 
 
@@ -48,7 +55,26 @@ class StreamOptions(_Open):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Open):
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    # ``schema`` shadows a pydantic BaseModel attribute: stored under another name.
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     # Tool definitions stay plain JSON here: ToolSet.from_openai checks them (with jsonschema)
@@ -56,11 +82,14 @@ class ChatCompletionRequest(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
     # ToolSpec extension: every tool strict (OpenAI sets it per tool, tools[i].function.strict).
     strict: bool = False
     # Greedy unless asked: outputs are then exactly plain decoding's (OpenAI's default is 1).
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # An extension vLLM and others accept too: 0 turns it off.
+    top_k: int = Field(0, ge=0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -69,6 +98,25 @@ class ChatCompletionRequest(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Accepted and without effect on the answer: bookkeeping for the caller's side.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # Known, not implemented: admission refuses any value but the neutral one.
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
 
 class ErrorBody(BaseModel):

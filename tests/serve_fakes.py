@@ -67,10 +67,35 @@ class ScriptedChatEngine:
             yield StepEvent(ids, piece, stats, generation)
 
 
-def scripted_factory(script: Script, call_format: str = "hermes"
+def scripted_factory(script: Script, call_format: str = "hermes", step_s: float = 0.0
                      ) -> Callable[[EngineSettings], ScriptedChatEngine]:
     """An ``engine_factory`` for ``build_app`` (picklable when this module goes by value)."""
-    return lambda settings: ScriptedChatEngine(settings, script, call_format)
+    return lambda settings: ScriptedChatEngine(settings, script, call_format, step_s=step_s)
+
+
+def by_message(scripts: dict[str, Sequence[str]], default: Sequence[str]) -> Script:
+    """A script answering with ``scripts[word]`` when the last message holds ``word``."""
+    def script(request: ChatRequest) -> Sequence[str]:
+        text = str(request.messages[-1].get("content", ""))
+        return next((pieces for word, pieces in scripts.items() if word in text), default)
+    return script
+
+
+class FailingChatEngine(ScriptedChatEngine):
+    """A ``ScriptedChatEngine`` whose step after the first raises, for requests whose last
+    message holds "boom" (a fault inside the decode loop)."""
+
+    def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
+        boom = "boom" in str(self.requests[-1].messages[-1].get("content", ""))
+        for number, event in enumerate(super()._steps(pieces)):
+            if boom and number == 1:
+                raise RuntimeError("secret detail: /etc/passwd line 3")
+            yield event
+
+
+def failing_factory(script: Script, step_s: float = 0.0
+                    ) -> Callable[[EngineSettings], ScriptedChatEngine]:
+    return lambda settings: FailingChatEngine(settings, script, step_s=step_s)
 
 
 class LocalModelClient:

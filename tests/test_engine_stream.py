@@ -132,3 +132,34 @@ def test_without_prefill_drafting_the_prefill_chooses_one_token() -> None:
     plain, events, final = _plain_and_oracle_events(engine, 9, 15, 30)
     assert len(events[0].tokens) == 1 and final.prefill_step is None
     assert final.verifications == final.steps and final.decode_tokens == len(plain.tokens) - 1
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_an_empty_event_after_each() -> None:
+    engine = _engine()
+    prompt = [random.Random(5).randrange(VOCAB) for _ in range(23)]
+    params = GenerationParams(max_new_tokens=20)
+    whole = engine.generate(prompt, None, params)
+    engine.prefill_chunk_tokens = 5
+    for drafter in (None, OracleDrafter(whole.tokens)):
+        events = list(engine.stream(prompt, drafter, params))
+        chunks = [e for e in events if not e.tokens and e.generation is None]
+        assert len(chunks) == 4 and events[:4] == chunks  # 5+5+5+5 tokens, then 3 with the tree
+        assert events[-1].generation.tokens == whole.tokens
+        assert events[-1].generation.prefill_s > 0
+
+
+def test_chunked_prefill_lets_a_scheduler_interleave_other_requests() -> None:
+    """Two requests in turn: the short one's steps run between the long prompt's chunks."""
+    engine = _engine()
+    engine.prefill_chunk_tokens = 4
+    params = GenerationParams(max_new_tokens=3)
+    long = engine.stream(list(range(1, 41)), None, params)
+    short = engine.stream([7, 8, 9], None, params)
+    order = []
+    for turn in range(16):
+        for name, stream in (("long", long), ("short", short)):
+            event = next(stream, None)
+            if event is not None:
+                order.append((name, bool(event.tokens)))
+    first_long_token = order.index(("long", True))
+    assert ("short", True) in order[:first_long_token]  # served while the long one prefilled

@@ -29,9 +29,10 @@ TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"
              '</tool_call>')
 
 
-def make_client(engine: ScriptedChatEngine, max_tokens_limit: int = 2048) -> TestClient:
+def make_client(engine: ScriptedChatEngine, max_tokens_limit: int = 2048,
+                **policy: Any) -> TestClient:
     api = create_api(LocalModelClient(ModelReplica(engine, name="replica-0")),
-                     AdmissionPolicy((MODEL,), max_tokens_limit=max_tokens_limit))
+                     AdmissionPolicy((MODEL,), max_tokens_limit=max_tokens_limit, **policy))
     return TestClient(api)
 
 
@@ -95,6 +96,8 @@ def test_tool_calls_plain_and_streamed_agree_however_steps_split(pieces: tuple[s
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert [c["choices"][0]["finish_reason"] for c in chunks].count("tool_calls") == 1
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # One tool-call fragment per chunk, even when one step finishes a call and starts the next.
+    assert all(len(c["choices"][0]["delta"].get("tool_calls", ())) <= 1 for c in chunks)
     streamed = streamed_calls(chunks)
     assert [streamed[i]["name"] for i in (0, 1)] == ["get_weather", "get_time"]
     for i in (0, 1):
@@ -147,7 +150,10 @@ def test_toolspec_extension_reports_speculation() -> None:
     extension = client.post("/v1/chat/completions", json=body()).json()["toolspec"]
     assert extension["steps"] == 2 and extension["mat"] == pytest.approx(3.5)
     assert extension["accepted_by_source"] == {"schema": 5}
-    assert extension["replica"] == "replica-0"
+    assert "replica" not in extension  # only when the deployment says so
+    debug = make_client(ScriptedChatEngine(), expose_replica=True)
+    assert debug.post("/v1/chat/completions", json=body()).json()["toolspec"]["replica"] \
+        == "replica-0"
 
 
 # ---- tool_choice and sessions -------------------------------------------------------------
@@ -231,29 +237,57 @@ BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "no-such-type"}}}}}
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
 @pytest.mark.parametrize("payload, status, param", [
     ("{not json", 400, None),
     ("[1, 2]", 400, None),
-    (json.dumps({"model": MODEL}), 422, "messages"),
+    (json.dumps({"model": MODEL}), 400, "messages"),
     (json.dumps(body(model="gpt-9")), 404, "model"),
     (json.dumps(body(tools=[BAD_TOOL])), 400, "tools"),
     (json.dumps(body(tools=[{"type": "function"}])), 400, "tools"),
     (json.dumps(body(tools=[WEATHER, WEATHER])), 400, "tools"),
     (json.dumps(body(tools=[{"type": "function", "function": {**WEATHER["function"],
                                                                "strict": "yes"}}])), 400, "tools"),
-    (json.dumps(body(tools=[WEATHER], tool_choice="sometimes")), 422, "tool_choice"),
+    (json.dumps(body(tools=[{"type": "function", "function": {**WEATHER["function"],
+                                                               "name": "a b/c"}}])),
+     400, "tools[0].function.name"),
+    (json.dumps(body(tools=[WEATHER, {"type": "function", "function": {
+        **WEATHER["function"], "name": "x" * 65}}])), 400, "tools[1].function.name"),
+    (json.dumps(body(tools=[WEATHER], tool_choice="sometimes")), 400, "tool_choice"),
     (json.dumps(body(tools=[WEATHER], tool_choice={"type": "function",
                                                    "function": {"name": "nope"}})), 400, "tool_choice"),
     (json.dumps(body(tool_choice="required")), 400, "tool_choice"),
+    (json.dumps(body(tool_choice="auto")), 400, "tool_choice"),
+    (json.dumps(body(tool_choice=NAMED)), 400, "tool_choice"),
     (json.dumps(body(n=2)), 400, "n"),
     (json.dumps(body(max_tokens=100_000)), 400, "max_tokens"),
-    (json.dumps(body(max_tokens=0)), 422, "max_tokens"),
-    (json.dumps(body(temperature=-1)), 422, "temperature"),
+    (json.dumps(body(max_completion_tokens=100_000)), 400, "max_completion_tokens"),
+    (json.dumps(body(max_tokens=0)), 400, "max_tokens"),
+    (json.dumps(body(temperature=-3)), 400, "temperature"),
     (json.dumps(body(stop=["a", ""])), 400, "stop"),
-    (json.dumps(body(messages=[{"role": "wizard", "content": "hi"}])), 422, "messages.0.role"),
+    (json.dumps(body(messages=[{"role": "wizard", "content": "hi"}])), 400, "messages[0].role"),
     (json.dumps(body(messages=[{"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])),
-     400, "messages"),
+     400, "messages[0].tool_calls[0].function.arguments"),
+    (json.dumps(body(messages=[{"role": "user", "content": "hi"},
+                               {"role": "tool", "content": "sunny"}])),
+     400, "messages[1].tool_call_id"),
+    (json.dumps(body(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}])),
+     400, "messages[0].content[0]"),
+    (json.dumps(body(logprobs=True)), 400, "logprobs"),
+    (json.dumps(body(logit_bias={"42": 5})), 400, "logit_bias"),
+    (json.dumps(body(presence_penalty=0.5)), 400, "presence_penalty"),
+    (json.dumps(body(functions=[WEATHER["function"]])), 400, "functions"),
+    (json.dumps(body(best_of=3)), 400, "best_of"),
+    (json.dumps(body(response_format={"type": "xml"})), 400, "response_format.type"),
+    (json.dumps(body(response_format={"type": "json_schema"})), 400,
+     "response_format.json_schema"),
+    (json.dumps(body(response_format={"type": "json_schema", "json_schema": {
+        "name": "w", "schema": {"type": "string", "format": "stardate"}}})), 400,
+     "response_format.json_schema.schema"),
 ])
 def test_admission_errors_are_openai_error_objects(payload: str, status: int,
                                                    param: str | None) -> None:

@@ -43,7 +43,8 @@ def chat(base: str, session: str | None = None, **fields: Any) -> dict[str, Any]
 def scripted_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     config = AppConfig(
         model=ModelConfig(replicas=2, num_cpus=0),
-        library=LibraryConfig(path=str(tmp_path_factory.mktemp("library")), num_cpus=0))
+        library=LibraryConfig(path=str(tmp_path_factory.mktemp("library")), num_cpus=0),
+        expose_replica=True)
     serve.run(build_app(config, scripted_factory(fixed(CALL[:20], CALL[20:]))),
               name="scripted", route_prefix="/scripted")
     yield f"{ray_serve}/scripted"

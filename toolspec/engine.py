@@ -124,7 +124,8 @@ class StepEvent:
     """What one step of ``Engine.stream`` added to the output.
 
     The first event holds what the prefill forward chose (the first token, and the first draft
-    tree's accepted tokens; ``stats`` None); every later one a verification step. ``text`` is
+    tree's accepted tokens; ``stats`` None); every later one a verification step. A prompt
+    prefilled in chunks first yields an empty event (no tokens, ``stats`` None) per chunk. ``text`` is
     the new visible text (see ``TextDeltas``). The last event carries the finished
     ``generation``.
     """
@@ -143,7 +144,9 @@ class Engine:
     forward runs over at most budget + 1 tokens); a ``CostAwareBudget`` sizes each tree to the
     measured cost curve. ``draft_at_prefill``: verify a first tree in the prefill forward (off:
     the prefill chooses one token, as plain decoding does). Mutates: the budget's acceptance
-    statistics, across generations.
+    statistics, across generations. ``prefill_chunk_tokens`` (0: off): a longer prompt is
+    prefilled that many tokens per forward, ``stream`` yielding an empty event after each
+    chunk, so that a scheduler can run other requests' steps in between.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class Engine:
         budget: DraftBudget | int = 8,
         stop_token_ids: Sequence[int] | None = None,
         draft_at_prefill: bool = True,
+        prefill_chunk_tokens: int = 0,
     ) -> None:
         if isinstance(budget, int):
             if budget < 0:
@@ -162,6 +166,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.budget = budget
         self.draft_at_prefill = draft_at_prefill
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.stop_token_ids = frozenset(
             stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
         )
@@ -233,6 +238,11 @@ class Engine:
         observer = logits_observer(drafter)
         context = list(prompt_ids)
         pending = context[reused:]  # not yet in the cache; the last one roots the next tree
+        chunk = self.prefill_chunk_tokens
+        while chunk and len(pending) > chunk:
+            self.model.prefill(cache, pending[:chunk])
+            pending = pending[chunk:]
+            yield StepEvent((), "", None)
         generated: list[int] = []
         margins: list[float] | None = [] if params.record_margins else None
         steps: list[StepStats] = []

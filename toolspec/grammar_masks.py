@@ -123,7 +123,7 @@ class ConstrainedChooser(TokenChooser):
         if self._argmax is not None and _allowed(bits, self._argmax[row]):
             token = self._argmax[row]  # the unmasked argmax is allowed: it is the masked one
         else:
-            logits = self._logits[row].masked_fill(~self._allowed_tensor(bits), float("-inf"))
+            logits = self.masked_logits(row, bits)
             if self.params.greedy:
                 token = int(logits.argmax())
             else:
@@ -140,6 +140,15 @@ class ConstrainedChooser(TokenChooser):
         if not bits.any():
             raise GrammarError("the grammar allows no token here (not even end of sequence)")
         return bits
+
+    def masked_logits(self, row: int, bits: np.ndarray | None = None) -> torch.Tensor:
+        """Row ``row`` of the bound logits with every token the grammar refuses at -inf, on
+        the logits' device (the mask is built on the CPU and moved there)."""
+        if self._logits is None:
+            raise RuntimeError("ConstrainedChooser.bind(logits) must be called first")
+        allowed = self._allowed_tensor(self._mask_bits() if bits is None else bits)
+        logits = self._logits[row]
+        return logits.masked_fill(~allowed.to(logits.device, non_blocking=True), float("-inf"))
 
     def _allowed_tensor(self, bits: np.ndarray) -> torch.Tensor:
         width = self._logits.shape[-1] if self._logits is not None else self.vocab_size

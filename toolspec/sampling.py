@@ -59,7 +59,9 @@ def target_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.T
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Inverse-CDF draw of one token: exactly one uniform number consumed per call."""
     uniform = torch.rand((), generator=generator, dtype=torch.float64)
-    cdf = torch.cumsum(probs.double(), dim=-1)
+    # On the CPU whatever the logits' device: the generator is a CPU one, and the draw is then
+    # the same on every device.
+    cdf = torch.cumsum(probs.to("cpu", torch.float64), dim=-1)
     # right=True: the first token whose cumulative mass exceeds the target, so a
     # zero-probability token (flat stretch of the CDF) can never be chosen.
     index = int(torch.searchsorted(cdf, uniform * cdf[-1], right=True))
