@@ -66,6 +66,10 @@ class LibraryConfig(_Strict):
     max_calls: int | None = 100_000
     seed_file: str | None = Field(None, description="calls to import into an empty library")
     num_cpus: float = Field(0.5, ge=0)
+    # Replicas call it in the background and stop asking for a while when it refuses or
+    # times out: a bounded queue keeps a slow library from piling up work.
+    max_ongoing_requests: int = Field(32, ge=1)
+    max_queued_requests: int = Field(256, ge=1)
 
 
 class LimitsConfig(_Strict):
@@ -131,7 +135,9 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
     if config.library.enabled:
         library_deployment = serve.deployment(
             LibraryService, name="CallLibraryService", num_replicas=1,
-            ray_actor_options={"num_cpus": config.library.num_cpus})
+            ray_actor_options={"num_cpus": config.library.num_cpus},
+            max_ongoing_requests=config.library.max_ongoing_requests,
+            max_queued_requests=config.library.max_queued_requests)
         library = library_deployment.bind(config.library.path, config.library.shards,
                                           config.library.max_calls, config.library.seed_file)
     settings = config.engine_settings()
