@@ -12,7 +12,7 @@ round a row the same way.
     .venv/bin/python scripts/bf16_rounding.py --dtype bf16 --row-by-row-attention
 
 A diagnostic, not part of the served system: it registers one extra attention function through
-transformers' ``AttentionInterface`` for its own model instance.
+transformers' ``AttentionInterface`` (``register_ragged_attention``) for its own model instance.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from toolspec.datasets import load_dataset
 from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.grouped_attention import ragged_attention, register_ragged_attention
 from toolspec.models import DEFAULT_MODEL, load_model
 from toolspec.prompts import chat_prompt
 from toolspec.target_model import TargetModel
@@ -40,9 +40,14 @@ SAMPLE = "toolspec/datasets/samples/apibank-level1-sample.json"
 def row_by_row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor, attention_mask: torch.Tensor | None,
                          dropout: float = 0.0, scaling: float | None = None,
-                         is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                         is_causal: bool | None = None, toolspec_batch: Any = None,
+                         **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Each masked row attended alone over the keys its mask row shows, in their order: the call
     a one-row decoding step makes. Unmasked forwards (prefill, one-row steps) run stock SDPA."""
+    if toolspec_batch is not None:  # the engine's ragged forward: one sequence at a time
+        return ragged_attention(module, query, key, value, toolspec_batch,
+                                attend=row_by_row_attention, dropout=dropout, scaling=scaling,
+                                is_causal=is_causal, **kwargs)
     kwargs.pop("toolspec_causal_rows", None)
     if attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout,
@@ -64,8 +69,7 @@ def row_by_row_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
 def use_row_by_row_attention(model: PreTrainedModel) -> None:
     """Switch ``model`` to ``row_by_row_attention`` (registered under ``ROW_BY_ROW``, masks built
     as for stock SDPA). Mutates: ``model``'s attention implementation."""
-    AttentionInterface.register(ROW_BY_ROW, row_by_row_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ROW_BY_ROW, sdpa_mask)
+    register_ragged_attention(ROW_BY_ROW, row_by_row_attention)
     model.set_attn_implementation(ROW_BY_ROW)
 
 

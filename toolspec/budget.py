@@ -25,13 +25,25 @@ class DraftBudget(Protocol):
     calibration: AcceptanceCalibration  # acceptance per draft source, learned online
 
     def select(self, tree: DraftTree) -> DraftTree:
-        """The part of ``tree`` to verify."""
+        """The part of ``tree`` to verify (a step of one sequence)."""
+
+    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+        """The part of each tree to verify when all of them share one forward."""
 
     def observe(self, tree: DraftTree, accepted: Sequence[int],
                 rides_on_prefill: bool = False) -> None:
         """Learn from a verified tree and its accepted nodes; ``rides_on_prefill``: the tree
         was verified in the prompt's forward, not in a decoding step of its own. Mutates: the
         budget's statistics."""
+
+    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
+        """Learn from the trees one forward verified together. Mutates: the statistics."""
+
+
+class VerifiedTree(Protocol):
+    tree: DraftTree
+    accepted: tuple[int, ...]
+    rides_on_prefill: bool
 
 
 ROOT_SOURCE = "root"  # the parent source of a top-level node
@@ -114,9 +126,16 @@ class FixedBudget:
         ranked = ranked_by_reach(self.calibration.reach_probabilities(tree))
         return tree.subtree(sorted(ranked[: self.max_nodes]))
 
+    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+        return [self.select(tree) for tree in trees]
+
     def observe(self, tree: DraftTree, accepted: Sequence[int],
                 rides_on_prefill: bool = False) -> None:
         self.calibration.observe(tree, accepted)
+
+    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
+        for entry in verified:
+            self.observe(entry.tree, entry.accepted, entry.rides_on_prefill)
 
 
 class CostCurveFileError(ValueError):
@@ -187,6 +206,13 @@ class CostAwareBudget:
     ``prior_rate`` worth ``prior_weight`` units of cost. A tree riding on the prompt's forward
     is chosen by the same rule (its rows cost about what the curve says rows cost), but does
     not count towards the rate: its tokens come at prefill's price, not a step's.
+
+    A batch (``select_batch``: B sequences' trees in one forward) is one objective: the
+    forward costs ``cost(B + nodes)`` and earns every sequence's tokens, so nodes of all trees
+    compete for it, each kept when its reach beats the batch's rate times its marginal cost
+    at the batch's size. The rate is learned per batch size (powers of two): eight sequences
+    earn eight tokens from a forward that costs little more than one, so a node must be far
+    likelier to pay there — speculation pays less under load, and this is how much less.
     """
 
     cost: CostModel
@@ -195,33 +221,68 @@ class CostAwareBudget:
     prior_rate: float = 2.0
     prior_weight: float = 10.0
     memory: float = 0.995
-    _tokens: float = field(default=0.0, init=False, repr=False)
-    _spent: float = field(default=0.0, init=False, repr=False)
+    _tokens: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _spent: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def rate(self) -> float:
-        """Tokens per unit of verification cost that decoding steps achieve (smoothed)."""
-        return (self._tokens + self.prior_rate * self.prior_weight) / (
-            self._spent + self.prior_weight)
+        """Tokens per unit of verification cost that one sequence's steps achieve."""
+        return self.rate_at(1)
+
+    def rate_at(self, sequences: int) -> float:
+        """Tokens per unit of cost that forwards of ``sequences`` decoding sequences achieve
+        (smoothed; the prior: ``prior_rate`` tokens per sequence at ``cost(sequences)``)."""
+        bucket = _size_bucket(sequences)
+        prior = self.prior_rate * bucket / self.cost.cost(bucket)
+        return (self._tokens.get(bucket, 0.0) + prior * self.prior_weight) / (
+            self._spent.get(bucket, 0.0) + self.prior_weight)
 
     def select(self, tree: DraftTree) -> DraftTree:
-        if not len(tree):
-            return tree
-        reach = self.calibration.reach_probabilities(tree)
-        ranked = ranked_by_reach(reach)
-        rate = self.rate
-        best_count, expected = 0, 1.0
-        best_gain = expected - rate * self.cost.cost(1)
-        for count, node in enumerate(ranked[: self.max_nodes], start=1):
-            expected += reach[node]
-            gain = expected - rate * self.cost.cost(count + 1)
+        return self.select_batch([tree])[0]
+
+    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+        if not any(len(tree) for tree in trees):
+            return list(trees)
+        rate = self.rate_at(len(trees))
+        reaches = [self.calibration.reach_probabilities(tree) for tree in trees]
+        # Every tree's nodes, likeliest first; each tree's own order stays prefix-closed.
+        ranked = sorted(((-reach[node], index, node)
+                         for index, reach in enumerate(reaches)
+                         for node in ranked_by_reach(reach)[: self.max_nodes]))
+        base = len(trees)  # every sequence's root
+        best_count, expected = 0, float(base)
+        best_gain = expected - rate * self.cost.cost(base)
+        for count, (negative_reach, _, _) in enumerate(ranked, start=1):
+            expected -= negative_reach
+            gain = expected - rate * self.cost.cost(base + count)
             if gain > best_gain:
                 best_count, best_gain = count, gain
-        return tree.subtree(sorted(ranked[:best_count]))
+        kept: list[list[int]] = [[] for _ in trees]
+        for _, index, node in ranked[:best_count]:
+            kept[index].append(node)
+        return [tree.subtree(sorted(nodes)) for tree, nodes in zip(trees, kept)]
 
     def observe(self, tree: DraftTree, accepted: Sequence[int],
                 rides_on_prefill: bool = False) -> None:
         self.calibration.observe(tree, accepted)
         if not rides_on_prefill:
-            self._tokens = self._tokens * self.memory + len(accepted) + 1
-            self._spent = self._spent * self.memory + self.cost.cost(len(tree) + 1)
+            self._learn_rate(1, len(accepted) + 1, self.cost.cost(len(tree) + 1))
+
+    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
+        for entry in verified:
+            self.calibration.observe(entry.tree, entry.accepted)
+        decoding = [entry for entry in verified if not entry.rides_on_prefill]
+        if decoding:
+            self._learn_rate(len(decoding), sum(len(e.accepted) + 1 for e in decoding),
+                             self.cost.cost(sum(len(e.tree) + 1 for e in decoding)))
+
+    def _learn_rate(self, sequences: int, tokens: float, spent: float) -> None:
+        bucket = _size_bucket(sequences)
+        self._tokens[bucket] = self._tokens.get(bucket, 0.0) * self.memory + tokens
+        self._spent[bucket] = self._spent.get(bucket, 0.0) * self.memory + spent
+
+
+def _size_bucket(sequences: int) -> int:
+    """The power of two at or above ``sequences``: batch sizes whose rates are learned
+    together."""
+    return 1 << max(0, sequences - 1).bit_length()

@@ -74,6 +74,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures (under a lock
     file beside it, so processes sharing the machine measure once).
     """
+    target = TargetModel(loaded.model)  # switches its attention to the function measured
     machine = describe_machine(loaded.device)
     # Weight packing and the attention function change the curve.
     kernels = "|packed=onednn" if loaded.prepacked_linear else ""
@@ -86,7 +87,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
     with exclusive_lock(path.with_name(f".{path.name}.lock")):
         if path.is_file() and not refresh:
             return CostModel.load(path)
-        timings = measure_cost_curve(TargetModel(loaded.model), sizes=STARTUP_SIZES, repeats=5)
+        timings = measure_cost_curve(target, sizes=STARTUP_SIZES, repeats=5)
         partial = path.with_name(f".{path.name}.partial")
         partial.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))
         partial.replace(path)  # a reader never sees half a file

@@ -10,14 +10,19 @@ attention function that does just that and otherwise defers to the stock one.
 
 It is registered through transformers' ``AttentionInterface`` (its documented extension point),
 under its own name; models opt in with ``use_grouped_tree_attention``. Nothing is patched.
+
+The same function attends a ragged batch (``RAGGED_BATCH``): the rows of several sequences in
+one forward — draft trees, decoding steps, prompt chunks — each against its own cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, Cache, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -42,6 +47,7 @@ def grouped_sdpa_attention(
     scaling: float | None = None,
     is_causal: bool | None = None,
     toolspec_causal_rows: int | None = None,
+    toolspec_batch: RaggedBatch | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Stock SDPA attention, except that a masked forward over grouped heads on CPU runs on the
@@ -51,7 +57,11 @@ def grouped_sdpa_attention(
 
     ``toolspec_causal_rows``: the forward's first rows are plain causal tokens (a prompt ahead
     of a draft tree); they are attended exactly as a forward of those tokens alone would (see
-    ``CAUSAL_ROWS``), the tree rows after them in a second call."""
+    ``CAUSAL_ROWS``), the tree rows after them in a second call. ``toolspec_batch``: the rows
+    belong to several sequences (``ragged_attention``)."""
+    if toolspec_batch is not None:
+        return ragged_attention(module, query, key, value, toolspec_batch, dropout=dropout,
+                                scaling=scaling, is_causal=is_causal, **kwargs)
     rows = query.shape[2]
     if toolspec_causal_rows is not None and attention_mask is not None \
             and 0 < toolspec_causal_rows < rows:
@@ -78,9 +88,67 @@ def grouped_sdpa_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_attention)
-# Masks are built exactly as for stock SDPA (the attention function above only reads them).
-ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_SDPA, sdpa_mask)
+# Model keyword argument carrying a ``RaggedBatch``: the forward's rows belong to several
+# sequences, each with its own cache and mask (see ``ragged_attention``).
+RAGGED_BATCH = "toolspec_batch"
+
+
+@dataclass(frozen=True)
+class SequenceSpan:
+    """One sequence's rows in a ragged forward: ``rows`` rows from ``start``, attended against
+    ``cache`` (which takes their keys and values) under ``mask`` (None: causal, as a plain
+    forward of those rows alone); ``causal_rows`` as ``CAUSAL_ROWS``."""
+
+    start: int
+    rows: int
+    cache: Cache
+    mask: torch.Tensor | None
+    causal_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class RaggedBatch:
+    """The sequences of one forward, in row order."""
+
+    spans: tuple[SequenceSpan, ...]
+
+
+def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                     value: torch.Tensor, batch: RaggedBatch,
+                     attend: AttentionFunction | None = None, **kwargs: Any
+                     ) -> tuple[torch.Tensor, None]:
+    """Attention over a ragged batch: every linear layer ran once on all rows; here each
+    sequence's rows join its own cache and are attended in a call of their own, with the shapes
+    and mask the sequence would have alone — so, wherever the linear layers are
+    row-independent (prepacked fp32), a sequence's logits are bitwise those of a forward of it
+    alone. ``attend``: the attention of one sequence (default ``grouped_sdpa_attention``).
+    Mutates: every span's cache (this layer's keys and values grow by its rows)."""
+    attend = attend or grouped_sdpa_attention
+    outputs = []
+    for span in batch.spans:
+        rows = slice(span.start, span.start + span.rows)
+        keys, values = span.cache.update(key[:, :, rows], value[:, :, rows], module.layer_idx)
+        output, _ = attend(module, query[:, :, rows], keys, values, span.mask,
+                           toolspec_causal_rows=span.causal_rows, **kwargs)
+        outputs.append(output)
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionFunction = Callable[..., tuple[torch.Tensor, None]]
+# Attention functions that attend a ``RAGGED_BATCH`` (the only ones ``TargetModel`` runs).
+_RAGGED_CAPABLE: set[str] = set()
+
+
+def register_ragged_attention(name: str, function: AttentionFunction) -> None:
+    """Register ``function`` with transformers under ``name`` (masks built as for stock SDPA)
+    as one that attends a ragged batch (it must hand ``toolspec_batch`` to
+    ``ragged_attention``). Mutates: transformers' attention registries."""
+    AttentionInterface.register(name, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    _RAGGED_CAPABLE.add(name)
+
+
+register_ragged_attention(GROUPED_SDPA, grouped_sdpa_attention)
 
 
 def attention_implementation(model: PreTrainedModel) -> str:
@@ -89,9 +157,14 @@ def attention_implementation(model: PreTrainedModel) -> str:
 
 
 def use_grouped_tree_attention(model: PreTrainedModel) -> bool:
-    """Switch ``model`` from stock SDPA to ``grouped_sdpa_attention``; False (and no change) when
-    it uses another attention implementation. Mutates: ``model``'s attention implementation."""
-    if attention_implementation(model) not in (STOCK_SDPA, GROUPED_SDPA):
+    """Switch ``model`` from stock SDPA to ``grouped_sdpa_attention``; True when it then runs
+    an attention function that attends ragged batches (that one, or another registered with
+    ``register_ragged_attention``), False (and no change) otherwise. Mutates: ``model``'s
+    attention implementation."""
+    current = attention_implementation(model)
+    if current in _RAGGED_CAPABLE:
+        return True
+    if current != STOCK_SDPA:
         return False
     model.set_attn_implementation(GROUPED_SDPA)
     return True

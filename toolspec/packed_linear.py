@@ -10,9 +10,11 @@ runs a plain one-row step in ~25 % less time than MKL (measured on an AMD EPYC w
 docs/benchmarks.md, "oneDNN linear layers").
 
 Every row count goes through the same primitive and weight layout, and a row's result does not
-depend on how many rows the call has (tested): a draft node's logits are bitwise those of a
-one-row decoding step at the same position, as far as the linear layers go, and a prompt
-prefilled together with a draft tree gets the same keys and values as one prefilled alone.
+depend on how many rows the call has (tested; a single row is computed as two, since oneDNN's
+one-row kernel rounds apart on AVX-512 CPUs): a draft node's logits are bitwise those of a
+one-row decoding step at the same position, as far as the linear layers go, a prompt
+prefilled together with a draft tree gets the same keys and values as one prefilled alone, and
+a sequence batched with others gets the rows it would get alone.
 
 Cost: one reordered copy of every weight (as much memory as the weights again: 2 GB for the
 0.5B default model in fp32), made in a second or two when the model loads; a long prefill runs
@@ -60,6 +62,15 @@ class PackedLinear(nn.Module):
                                                                    _LAYOUT_ROWS)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = inputs.numel() // self.in_features if self.in_features else 0
+        if rows == 1:
+            # oneDNN runs a single row through a kernel of its own, which on AVX-512 CPUs rounds
+            # some layers apart from the same row among others (every count from 2 to 1,024
+            # agrees); two rows cost the same, and then a decoding step's logits do not depend
+            # on whether other rows (a batch) share its forward.
+            doubled = inputs.expand(*inputs.shape[:-2], 2, self.in_features)
+            return torch.ops.mkldnn._linear_pointwise(doubled, self._packed, self.bias, "none",
+                                                      [], "")[..., :1, :]
         return torch.ops.mkldnn._linear_pointwise(inputs, self._packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

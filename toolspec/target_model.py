@@ -1,26 +1,65 @@
 """The target model as the engine sees it: prefill, a tree forward, and the KV commit.
 
-A stock Hugging Face causal LM (Qwen2, Llama, ...) runs draft trees through a 4-D additive
-attention mask and explicit position ids; no model code is patched or copied. The KV cache is a
-stock ``DynamicCache`` owned by the caller (one per sequence), so plain decoding and speculative
-decoding run through the same code and the same cache layout.
+A stock Hugging Face causal LM (Qwen2, Llama, ...) runs the rows of several sequences — draft
+trees, decoding steps, prompt chunks — in one forward: explicit position ids, and an attention
+function (registered with transformers, nothing patched or copied) that attends each sequence's
+rows against its own cache under its own 4-D additive mask. Each KV cache is a stock
+``DynamicCache`` owned by the caller (one per sequence), so plain decoding and speculative
+decoding, alone or batched, run through the same code and the same cache layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from toolspec.draft_tree import DraftTree
-from toolspec.grouped_attention import CAUSAL_ROWS
+from toolspec.grouped_attention import (RAGGED_BATCH, RaggedBatch, SequenceSpan,
+                                        attention_implementation, use_grouped_tree_attention)
+
+
+@dataclass(frozen=True)
+class SequenceRows:
+    """One sequence's part of a forward: the tokens ``cache`` does not hold yet (``pending``,
+    the last of them the tree's root) and a draft tree below it. ``logits``: whether the
+    forward returns this sequence's logits (the root's and every node's); a prompt chunk that
+    is not the prompt's last needs none."""
+
+    cache: DynamicCache
+    pending: tuple[int, ...]
+    tree: DraftTree = field(default_factory=DraftTree)
+    logits: bool = True
+
+    @property
+    def rows(self) -> int:
+        return len(self.pending) + len(self.tree)
+
+
+class UnsupportedModelError(ValueError):
+    """A model the ragged forward cannot run (its attention is not SDPA, or it has
+    sliding-window layers)."""
 
 
 class TargetModel:
-    """Stateless wrapper around one HF causal LM; every call names the cache it extends."""
+    """Stateless wrapper around one HF causal LM; every call names the caches it extends.
+
+    ``forward`` runs the rows of any number of sequences in one forward pass: the embedding,
+    every linear layer and the LM head run once over all rows, attention per sequence against
+    its own cache (``grouped_attention.ragged_attention``). One sequence is the batch of one;
+    there is no other path. Raises UnsupportedModelError for a model it cannot run.
+    """
 
     def __init__(self, model: PreTrainedModel) -> None:
+        if not use_grouped_tree_attention(model):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} runs {attention_implementation(model)!r} attention; "
+                "ragged verification needs SDPA (load it with attn_implementation='sdpa')")
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
+            raise UnsupportedModelError("models with sliding-window attention layers are not "
+                                        "supported by the ragged forward")
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -32,13 +71,12 @@ class TargetModel:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
     def prefill(self, cache: DynamicCache, token_ids: Sequence[int]) -> torch.Tensor:
         """Run ``token_ids`` after what ``cache`` holds; return the last position's logits ``[vocab]``.
 
         Mutates: ``cache`` grows by ``len(token_ids)``.
         """
-        return self._forward(cache, token_ids, DraftTree())[-1]
+        return self.forward([SequenceRows(cache, tuple(token_ids))])[0][-1]
 
     def forward_tree(self, cache: DynamicCache, pending: Sequence[int], tree: DraftTree
                      ) -> torch.Tensor:
@@ -49,26 +87,58 @@ class TargetModel:
         prefill. Mutates: ``cache`` grows by ``len(pending) + len(tree)`` rows (pending first,
         then the nodes in tree order); ``commit_path`` must follow to keep only the accepted ones.
         """
-        return self._forward(cache, pending, tree)
+        return self.forward([SequenceRows(cache, tuple(pending), tree)])[0]
 
     @torch.inference_mode()
-    def _forward(self, cache: DynamicCache, pending: Sequence[int], tree: DraftTree
-                 ) -> torch.Tensor:
-        if not pending:
-            raise ValueError("a forward needs at least one pending token (the tree's root)")
-        prefix = cache.get_seq_length()
-        lead = len(pending) - 1
-        ids = tree.input_ids(pending, self.device)
-        positions = tree.position_ids(prefix, self.device, lead=lead)
-        mask = None  # plain causal tokens: let the model take its fast path
-        exact_rows: dict[str, int] = {}
-        if len(tree):
-            mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
-            if lead:  # a prompt with the first tree: its rows bitwise as a plain prefill's
-                exact_rows[CAUSAL_ROWS] = len(pending)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                         use_cache=True, logits_to_keep=len(tree) + 1, **exact_rows)
-        return out.logits[0]
+    def forward(self, batch: Sequence[SequenceRows]) -> list[torch.Tensor | None]:
+        """One forward over every sequence's rows; per sequence, logits ``[len(tree) + 1,
+        vocab]`` (None where ``logits`` is False).
+
+        Mutates: each sequence's cache grows by its rows (see ``forward_tree``)."""
+        if not batch or any(not rows.pending for rows in batch):
+            raise ValueError("a forward needs at least one sequence, each with at least one "
+                             "pending token (its tree's root)")
+        ids, positions, spans, keep = [], [], [], []
+        start = 0
+        for rows in batch:
+            prefix = rows.cache.get_seq_length()
+            lead = len(rows.pending) - 1
+            ids.append(rows.tree.input_ids(rows.pending, self.device))
+            positions.append(rows.tree.position_ids(prefix, self.device, lead=lead))
+            spans.append(SequenceSpan(start, rows.rows, rows.cache,
+                                      *self._mask(rows.tree, prefix, lead)))
+            if rows.logits:
+                keep.extend(range(start + lead, start + rows.rows))
+            start += rows.rows
+        kept = keep or [start - 1]  # the LM head needs a row; its logits are dropped
+        # No attention mask and no cache: the model builds none (all its rows are "new" and
+        # causal, which SDPA needs no mask for); each sequence brings its own to attention.
+        out = self.model(input_ids=torch.cat(ids, dim=1), position_ids=torch.cat(positions, dim=1),
+                         attention_mask=None, use_cache=False,
+                         logits_to_keep=torch.tensor(kept, device=self.device),
+                         **{RAGGED_BATCH: RaggedBatch(tuple(spans))})
+        logits = out.logits[0]
+        result: list[torch.Tensor | None] = []
+        taken = 0
+        for rows in batch:
+            if rows.logits:
+                count = len(rows.tree) + 1
+                result.append(logits[taken: taken + count])
+                taken += count
+            else:
+                result.append(None)
+        return result
+
+    def _mask(self, tree: DraftTree, prefix: int, lead: int) -> tuple[torch.Tensor | None,
+                                                                      int | None]:
+        """A sequence's attention mask and causal lead rows, as a forward of it alone has
+        them: none for plain rows SDPA can run causally (a fresh prompt, one token); an
+        additive mask for a prompt chunk after cached rows and for a tree."""
+        if not len(tree) and (lead == 0 or prefix == 0):
+            return None, None
+        mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
+        # A prompt with the first tree: its rows bitwise as a plain prefill's.
+        return mask, (lead + 1 if len(tree) and lead else None)
 
 
 @torch.inference_mode()
