@@ -16,21 +16,24 @@ unconstrained, lossless speculation of the model's own output.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Generator, Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
+from weakref import WeakKeyDictionary
 
 from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from deployments.prompting import ContextLengthError, context_message
+from deployments.scheduler import Job
 from toolspec.bench.run import build_engine
 from toolspec.drafters import Drafter
 from toolspec.drafters.retrieval import ToolSpecDrafter
 from toolspec.drafters.schema import SchemaDrafter
 from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
-from toolspec.engine import Engine, GenerationParams, StepEvent
+from toolspec.engine import Engine, GenerationParams, StepOutcome
 from toolspec.formats import CallFormat, get_format
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
+from toolspec.job import DecodeJob
 from toolspec.library import CallLibrary
 from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
                              load_model)
@@ -58,18 +61,23 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class ChatStream:
-    """An opened request: how its output is written, and its steps (not yet run)."""
+    """An opened request: how its output is written, and its job (not yet run: the
+    replica's scheduler steps it with the others, through ``ChatEngine.step``)."""
 
     call_format: CallFormat
     prompt_tokens: int
-    steps: Iterator[StepEvent]
+    job: Job
     prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
     constrained: bool = False  # decoding is grammar-constrained
 
 
 class ChatEngine(Protocol):
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
-        """Build the prompt and drafter; nothing runs until ``steps`` is advanced."""
+        """Build the prompt, drafter and job; nothing runs until ``step`` runs the job."""
+
+    def step(self, jobs: Sequence[Job]) -> list[StepOutcome | None]:
+        """One step of every job in one forward (``Engine.step``); per job its event, its
+        failure, or None when it sat the step out. Called on the scheduler's thread only."""
 
     def apply(self, settings: EngineSettings) -> None:
         """Take new settings of the same model, dtype and weight packing (budgets)."""
@@ -85,6 +93,7 @@ class ToolSpecChatEngine:
                                  prepack_linear=settings.prepack_linear)
         self.engine = _engine(self.loaded, settings)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
+        self._session_of: WeakKeyDictionary[DecodeJob, str] = WeakKeyDictionary()
         self.suffix_caches = TenantSuffixCaches()
         # Built at load (seconds for a large vocabulary), not on the first strict request.
         self.grammars = GrammarCompiler(
@@ -123,15 +132,26 @@ class ToolSpecChatEngine:
         if request.session_id and self.settings.session_kv_bytes > 0:
             session = f"{request.tenant}/{request.session_id}"
         prefix = self.sessions.take(session, prompt) if session else None
-        steps = self.engine.stream(prompt, self._drafter(request, library), params,
-                                   tools=request.tools, call_format=call_format,
-                                   conversation=conversation_text(request.messages),
-                                   tenant=request.tenant, prefix=prefix,
-                                   keep_kv=session is not None)
+        job = self.engine.start(prompt, self._drafter(request, library), params,
+                                tools=request.tools, call_format=call_format,
+                                conversation=conversation_text(request.messages),
+                                tenant=request.tenant, prefix=prefix,
+                                keep_kv=session is not None)
         if session:
-            steps = self._keeping_kv(session, steps)
-        return ChatStream(call_format, len(prompt), steps, len(prefix.tokens) if prefix else 0,
+            self._session_of[job] = session
+        return ChatStream(call_format, len(prompt), job, len(prefix.tokens) if prefix else 0,
                           params.constraint is not None)
+
+    def step(self, jobs: Sequence[DecodeJob]) -> list[StepOutcome | None]:
+        """``Engine.step`` with this replica's prompt rows per step; a finished request of a
+        session leaves its cache (prompt + output) for the session's next turn."""
+        outcomes = self.engine.step(jobs, self.settings.prefill_chunk_tokens)
+        for job, outcome in zip(jobs, outcomes):
+            kv = outcome.event.kv if outcome is not None and outcome.event is not None else None
+            session = self._session_of.pop(job, None) if job.done else None
+            if kv is not None and session is not None:
+                self.sessions.put(session, kv)
+        return outcomes
 
     def _prompt(self, request: ChatRequest) -> tuple[list[int], CallFormat]:
         """The ingress's rendering when it used this model's tokenizer, else our own."""
@@ -151,17 +171,6 @@ class ToolSpecChatEngine:
         return self.grammars.compile(tool_call_grammar(
             request.tools.tools, call_format, shape, request.parallel_calls,
             self.grammars.added_tokens, None if request.forces_call else request.answer_schema))
-
-    def _keeping_kv(self, session: str, steps: Generator[StepEvent, None, None]
-                    ) -> Iterator[StepEvent]:
-        """``steps``, storing the finished request's cache for the session's next turn."""
-        try:
-            for event in steps:
-                if event.kv is not None:
-                    self.sessions.put(session, event.kv)
-                yield event
-        finally:
-            steps.close()
 
     def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
         tokenizer = self.loaded.tokenizer

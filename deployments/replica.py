@@ -1,4 +1,4 @@
-"""A model replica: one loaded engine serving many requests, interleaved step by step.
+"""A model replica: one loaded engine serving many requests, all of them in every forward.
 
 ``ModelReplica`` is a plain class (tests drive it with a scripted engine, no Ray);
 ``ModelServer`` is what the builder deploys: it builds the engine from its settings (once, or
@@ -22,7 +22,7 @@ from deployments.library_cache import LibraryCache
 from deployments.messages import (ChatRequest, ReplicaEvent, StreamEnd, StreamError,
                                   StreamStart, TextStep)
 from deployments.prompting import ContextLengthError
-from deployments.scheduler import StepScheduler
+from deployments.scheduler import BatchScheduler
 from deployments.tracing import record_span, record_step, tracer
 from toolspec.engine import Generation
 
@@ -31,7 +31,7 @@ EngineFactory = Callable[[EngineSettings], ChatEngine]
 
 
 class ModelReplica:
-    """Runs requests on ``engine`` through a ``StepScheduler``; fills ``library`` (if any)
+    """Runs requests on ``engine`` through a ``BatchScheduler``; fills ``library`` (if any)
     ahead of use — at request start and as the output reveals its calls — and records
     finished calls in it. Mutates: the library view; the scheduler's queue."""
 
@@ -40,7 +40,8 @@ class ModelReplica:
         self.engine = engine
         self.library = library
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self.scheduler = StepScheduler()
+        # The engine may be replaced (``ModelServer.reconfigure``): step whichever is current.
+        self.scheduler = BatchScheduler(lambda jobs: self.engine.step(jobs))
         self.served = 0
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
@@ -78,7 +79,7 @@ class ModelReplica:
         if self.library is not None and request.parses_calls:
             lookups = DecodeLookups(self.library, request, chat.call_format.arguments_key)
         first_step_s = None
-        async for step in self.scheduler.run(chat.steps):
+        async for step in self.scheduler.run(chat.job):
             _check_deadline(request)  # leaving the loop closes the steps: the slot is freed
             if not step.tokens and step.generation is None:
                 continue  # a chunk of the prompt's prefill

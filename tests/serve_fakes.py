@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from deployments.chat_engine import ChatStream, EngineSettings
 from deployments.messages import ChatRequest, ReplicaEvent
 from deployments.replica import ModelReplica
-from toolspec.engine import Generation, StepEvent, StepStats
+from toolspec.engine import Generation, StepEvent, StepOutcome, StepStats
 from toolspec.formats import get_format
 from toolspec.library import CallLibrary
 
@@ -45,14 +45,19 @@ class ScriptedChatEngine:
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         self.requests.append(request)
         self.libraries.append(library)
-        return ChatStream(get_format(self.call_format), 11, self._steps(list(self.script(request))),
+        return ChatStream(get_format(self.call_format), 11,
+                          ScriptedJob(self._steps(list(self.script(request)))),
                           constrained=request.constrained)
+
+    def step(self, jobs: Sequence[ScriptedJob]) -> list[StepOutcome | None]:
+        """One "forward" (``step_s``) for every job: each advances by one piece."""
+        time.sleep(self.step_s)
+        return [job.advance() for job in jobs]
 
     def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
         tokens: list[int] = []
         steps: list[StepStats] = []
         for number, piece in enumerate(pieces):
-            time.sleep(self.step_s)
             ids = tuple(ord(char) for char in piece)
             tokens.extend(ids)
             stats = None
@@ -65,6 +70,31 @@ class ScriptedChatEngine:
                 generation = Generation(11, tuple(tokens), "".join(pieces), self.finish, 0.01,
                                         0.02, tuple(steps))
             yield StepEvent(ids, piece, stats, generation)
+
+
+class ScriptedJob:
+    """A scripted request as the scheduler sees it: one event per step. Mutates: ``done``."""
+
+    def __init__(self, events: Iterator[StepEvent]) -> None:
+        self.events = events
+        self.done = False
+        self.closed = False
+
+    def advance(self) -> StepOutcome:
+        try:
+            event = next(self.events)
+        except Exception as error:  # noqa: BLE001 - the request's own failure
+            self.close()
+            return StepOutcome(error=error)
+        if event.generation is not None:
+            self.done = True
+        return StepOutcome(event)
+
+    def close(self) -> None:
+        self.done = self.closed = True
+        close = getattr(self.events, "close", None)
+        if close is not None:
+            close()
 
 
 def scripted_factory(script: Script, call_format: str = "hermes", step_s: float = 0.0

@@ -4,7 +4,7 @@ use and survives a retrieval actor that is down."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
 from typing import Any
 
 import pytest
@@ -12,8 +12,9 @@ import pytest
 from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest, StreamEnd, StreamStart, TextStep
 from deployments.replica import ModelReplica
-from deployments.scheduler import StepScheduler
+from deployments.scheduler import BatchScheduler
 from serve_fakes import ScriptedChatEngine, fixed
+from toolspec.engine import Generation, StepEvent, StepOutcome
 from toolspec.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord
 from toolspec.tools import ToolSet
@@ -28,68 +29,107 @@ def request(name: str = "r", tools: ToolSet | None = WEATHER) -> ChatRequest:
     return ChatRequest(name, "toy", ({"role": "user", "content": "hi"},), tools=tools)
 
 
-def test_scheduler_takes_requests_in_turn() -> None:
-    order: list[str] = []
+class CountingJob:
+    """A job of ``count`` steps; its event's tokens are (its name's code, step number)."""
 
-    def steps(name: str, count: int) -> Iterator[str]:
-        for i in range(count):
-            order.append(f"{name}{i}")
-            yield f"{name}{i}"
+    def __init__(self, name: str, count: int, fail_at: int | None = None) -> None:
+        self.name, self.count, self.fail_at = name, count, fail_at
+        self.done = False
+        self.closed = False
+        self.taken = 0
 
-    async def consume(scheduler: StepScheduler, name: str, count: int) -> list[str]:
-        return [item async for item in scheduler.run(steps(name, count))]
+    def close(self) -> None:
+        self.done = self.closed = True
+
+
+def counting_step(batches: list[list[str]], step_s: float = 0.0) -> Any:
+    """A ``step`` function that records each batch's job names (``step_s``: a forward)."""
+    def step(jobs: list[CountingJob]) -> list[StepOutcome]:
+        time.sleep(step_s)
+        batches.append([job.name for job in jobs])
+        outcomes = []
+        for job in jobs:
+            if job.taken == job.fail_at:
+                job.close()
+                outcomes.append(StepOutcome(error=RuntimeError("boom")))
+                continue
+            job.taken += 1
+            job.done = job.taken == job.count
+            generation = Generation(1, (), "", "stop", 0.0, 0.0, ()) if job.done else None
+            outcomes.append(StepOutcome(StepEvent((job.taken,), job.name, None, generation)))
+        return outcomes
+    return step
+
+
+def test_scheduler_runs_every_active_request_in_each_step() -> None:
+    batches: list[list[str]] = []
+
+    async def consume(scheduler: BatchScheduler, job: CountingJob) -> list[str]:
+        return [event.text async for event in scheduler.run(job)]
 
     async def main() -> tuple[list[str], list[str]]:
-        scheduler = StepScheduler()
-        long, short = await asyncio.gather(consume(scheduler, "a", 6), consume(scheduler, "b", 2))
+        scheduler = BatchScheduler(counting_step(batches))
+        long, short = await asyncio.gather(consume(scheduler, CountingJob("a", 6)),
+                                           consume(scheduler, CountingJob("b", 2)))
         scheduler.shutdown()
         return long, short
 
     long, short = asyncio.run(main())
-    assert long == [f"a{i}" for i in range(6)] and short == ["b0", "b1"]
-    assert order.index("b1") < order.index("a2")  # the short request did not wait for the long
+    assert long == ["a"] * 6 and short == ["b"] * 2
+    assert ["a", "b"] in batches  # one forward for both
+    assert len(batches) <= 7  # not 8: the short request rode along
+
+
+def test_a_full_batch_rotates_so_every_request_advances() -> None:
+    batches: list[list[str]] = []
+
+    async def main() -> None:
+        scheduler = BatchScheduler(counting_step(batches), max_batch=2)
+        jobs = [CountingJob(name, 3) for name in "abc"]
+        await asyncio.gather(*[consume_all(scheduler, job) for job in jobs])
+        scheduler.shutdown()
+
+    asyncio.run(main())
+    assert all(len(batch) <= 2 for batch in batches)
+    assert sum(batch.count("c") for batch in batches) == 3
+
+
+async def consume_all(scheduler: BatchScheduler, job: Any) -> list[Any]:
+    return [event async for event in scheduler.run(job)]
 
 
 def test_scheduler_closes_a_request_whose_consumer_left() -> None:
-    closed: list[bool] = []
-
-    def steps() -> Iterator[int]:
-        try:
-            for i in range(100):
-                yield i
-        finally:
-            closed.append(True)
+    job = CountingJob("x", 100)
 
     async def main() -> None:
-        scheduler = StepScheduler()
-        stream = scheduler.run(steps())
-        assert await anext(stream) == 0
+        scheduler = BatchScheduler(counting_step([], step_s=0.02))
+        stream = scheduler.run(job)
+        await anext(stream)
         await stream.aclose()
-        for _ in range(20):  # the worker closes it on its next turn
+        for _ in range(200):  # the worker closes it on its next turn
             await asyncio.sleep(0.01)
-            if closed:
+            if job.closed:
                 break
         scheduler.shutdown()
 
     asyncio.run(main())
-    assert closed == [True]
+    assert job.closed and job.taken < 100
 
 
 def test_a_failing_request_fails_alone() -> None:
-    def broken() -> Iterator[int]:
-        yield 1
-        raise RuntimeError("boom")
+    async def main() -> list[Any]:
+        scheduler = BatchScheduler(counting_step([]))
+        broken, fine = CountingJob("x", 5, fail_at=1), CountingJob("y", 3)
 
-    async def main() -> list[int]:
-        scheduler = StepScheduler()
-        with pytest.raises(RuntimeError, match="boom"):
-            async for _ in scheduler.run(broken()):
-                pass
-        result = [item async for item in scheduler.run(iter([7, 8]))]
+        async def expect_failure() -> None:
+            with pytest.raises(RuntimeError, match="boom"):
+                await consume_all(scheduler, broken)
+
+        _, events = await asyncio.gather(expect_failure(), consume_all(scheduler, fine))
         scheduler.shutdown()
-        return result
+        return events
 
-    assert asyncio.run(main()) == [7, 8]
+    assert [event.text for event in asyncio.run(main())] == ["y"] * 3
 
 
 def test_replica_events_start_steps_end() -> None:

@@ -188,6 +188,22 @@ class Engine:
         self.budget.observe_batch(verified)
         return outcomes
 
+    def run(self, jobs: Sequence[DecodeJob], prefill_rows: int | None = None
+            ) -> list[Generation | Exception]:
+        """Step every job to its end, all unfinished ones in each forward; per job its
+        ``Generation`` or the exception that failed it. Mutates: as ``step``."""
+        results: list[Generation | Exception | None] = [None] * len(jobs)
+        active = list(range(len(jobs)))
+        while active:
+            outcomes = self.step([jobs[i] for i in active], prefill_rows)
+            for i, outcome in zip(active, outcomes):
+                if outcome is not None and outcome.error is not None:
+                    results[i] = outcome.error
+                elif outcome is not None and outcome.event.generation is not None:
+                    results[i] = outcome.event.generation
+            active = [i for i in active if results[i] is None]
+        return results  # type: ignore[return-value]
+
     def _prompt_rows(self, jobs: Sequence[DecodeJob], prefill_rows: int | None
                      ) -> list[int | None]:
         """Per job: the prompt chunk it runs this step (0: it sits the step out), or None when
@@ -195,21 +211,20 @@ class Engine:
         rides on the prompt's last forward)."""
         per_job = self.prefill_chunk_tokens or None
         left = prefill_rows or None  # rows this step may still give to prompts (None: any)
-        chunks: list[int | None] = []
-        for job in jobs:
-            if not job.prefilling:
-                chunks.append(None)
-                continue
+        chunks: list[int | None] = [None] * len(jobs)
+        # Shortest prompt first: a short request's first token is never queued behind a long
+        # prompt's chunks (the long one takes what is left, every step).
+        waiting = sorted((i for i, job in enumerate(jobs) if job.prefilling),
+                         key=lambda i: jobs[i].prompt_rows)
+        for i in waiting:
+            rows = jobs[i].prompt_rows
             allowed = min((limit for limit in (per_job, left) if limit is not None),
                           default=None)
-            if allowed is None or job.prompt_rows <= allowed:
-                chunks.append(None)
-                used = job.prompt_rows
-            else:
-                chunks.append(min(allowed, job.prompt_rows - 1))
-                used = chunks[-1]
+            if allowed is not None and rows > allowed:
+                chunks[i] = min(allowed, rows - 1)
+                rows = chunks[i]
             if left is not None:
-                left = max(0, left - used)
+                left = max(0, left - rows)
         return chunks
 
 
