@@ -51,7 +51,7 @@ class ModelConfig(_Strict):
     replicas: int = Field(1, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
-    max_ongoing_requests: int = Field(8, ge=1)
+    max_ongoing_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(
         64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
                               "past it the client gets 429 with Retry-After")

@@ -15,22 +15,21 @@ unconstrained, lossless speculation of the model's own output.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 from weakref import WeakKeyDictionary
+
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from deployments.prompting import ContextLengthError, context_message
 from deployments.scheduler import Job
-from toolspec.bench.run import build_engine
 from toolspec.drafters import Drafter
-from toolspec.drafters.retrieval import ToolSpecDrafter
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
-from toolspec.engine import Engine, GenerationParams, StepOutcome
+from toolspec.engine import Engine, GenerationParams, StepOutcome, StepReport
 from toolspec.formats import CallFormat, get_format
 from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
 from toolspec.job import DecodeJob
@@ -38,8 +37,11 @@ from toolspec.library import CallLibrary
 from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
                              load_model)
 from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.registry import DrafterFactory, build_engine
 from toolspec.sampling import SamplingParams
 from toolspec.tool_grammar import answer_grammar, tool_call_grammar
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class ToolSpecChatEngine:
         self.engine = _engine(self.loaded, settings)
         self.sessions = SessionKVStore(settings.session_kv_bytes)
         self._session_of: WeakKeyDictionary[DecodeJob, str] = WeakKeyDictionary()
-        self.suffix_caches = TenantSuffixCaches()
+        self.drafters = ServedDrafters(self.loaded.tokenizer)
+        self.load = StepLoad()
         # Built at load (seconds for a large vocabulary), not on the first strict request.
         self.grammars = GrammarCompiler(
             self.loaded.tokenizer, self.loaded.model.get_output_embeddings().weight.shape[0],
@@ -146,6 +149,8 @@ class ToolSpecChatEngine:
         """``Engine.step`` with this replica's prompt rows per step; a finished request of a
         session leaves its cache (prompt + output) for the session's next turn."""
         outcomes = self.engine.step(jobs, self.settings.prefill_chunk_tokens)
+        if self.engine.last_step is not None:
+            self.load.add(self.engine.last_step)
         for job, outcome in zip(jobs, outcomes):
             kv = outcome.event.kv if outcome is not None and outcome.event is not None else None
             session = self._session_of.pop(job, None) if job.done else None
@@ -173,36 +178,60 @@ class ToolSpecChatEngine:
             self.grammars.added_tokens, None if request.forces_call else request.answer_schema))
 
     def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
-        tokenizer = self.loaded.tokenizer
-        # Values and free text: suffix trees over this tenant's earlier outputs and the prompt.
-        fallback = SuffixDecodingDrafter(cache=self.suffix_caches.get(request.tenant))
-        if request.tools is None:
-            return fallback
-        if library is None:
-            return SchemaDrafter(tokenizer, fallback)
-        # The replica records finished calls itself (locally and in the shared library).
-        return ToolSpecDrafter(tokenizer, library, fallback, learn=False)
+        return self.drafters.for_request(request, library)
 
 
-class TenantSuffixCaches:
-    """One ``SuffixOutputCache`` per tenant (one tenant's outputs never shape another's drafts),
-    the ``max_tenants`` most recently used kept. Mutates: the map, on ``get``."""
+@dataclass
+class StepLoad:
+    """Totals of the replica's steps, logged every ``every_s`` seconds: how many requests a
+    forward carries, how its rows divide between prompts and decoding, and how much of a step
+    the forward takes (the rest is drafting, walking and committing). Mutates: its totals."""
 
-    def __init__(self, max_tenants: int = 256) -> None:
-        self.max_tenants = max_tenants
-        self._caches: OrderedDict[str, SuffixOutputCache] = OrderedDict()
+    every_s: float = 60.0
+    steps: int = 0
+    jobs: int = 0
+    prompt_rows: int = 0
+    decode_rows: int = 0
+    forward_s: float = 0.0
+    step_s: float = 0.0
+    _logged: float = field(default_factory=time.monotonic)
 
-    def get(self, tenant: str) -> SuffixOutputCache:
-        cache = self._caches.pop(tenant, None) or SuffixOutputCache()
-        self._caches[tenant] = cache
-        while len(self._caches) > self.max_tenants:
-            self._caches.popitem(last=False)
-        return cache
+    def add(self, report: StepReport) -> None:
+        self.steps += 1
+        self.jobs += report.jobs
+        self.prompt_rows += report.prompt_rows
+        self.decode_rows += report.decode_rows
+        self.forward_s += report.forward_s
+        self.step_s += report.step_s
+        if time.monotonic() - self._logged >= self.every_s:
+            self._logged = time.monotonic()
+            logger.info("steps: %s", self.summary())
+
+    def summary(self) -> str:
+        steps = max(1, self.steps)
+        return (f"{self.steps} steps, {self.jobs / steps:.2f} requests per forward, "
+                f"{self.prompt_rows} prompt rows and {self.decode_rows} decoding rows, "
+                f"forward {self.forward_s:.1f} s of {self.step_s:.1f} s stepping "
+                f"({self.forward_s / max(self.step_s, 1e-9):.0%})")
+
+
+class ServedDrafters:
+    """The drafters a replica gives its requests: the registry's ``toolspec`` (without a call
+    library, ``toolspec-schema``) for each request's tenant, over that tenant's memory (what
+    the benchmark's drafters learn across items, a replica's learn across requests). The
+    replica records finished calls itself (``learn`` off). Mutates: the tenants' memories."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.with_library = DrafterFactory("toolspec", tokenizer, learn=False)
+        self.without_library = self.with_library.sibling("toolspec-schema")
+
+    def for_request(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
+        factory = self.with_library if library is not None else self.without_library
+        return factory.for_request(request.tenant, request.tools is not None, library)
 
 
 def _engine(loaded: LoadedModel, settings: EngineSettings) -> Engine:
-    engine = build_engine(loaded, None if settings.draft_budget == "auto"
-                          else settings.draft_budget)
-    engine.prefill_chunk_tokens = settings.prefill_chunk_tokens
-    return engine
+    return build_engine(loaded, None if settings.draft_budget == "auto"
+                        else settings.draft_budget,
+                        prefill_chunk_tokens=settings.prefill_chunk_tokens)
 

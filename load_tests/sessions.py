@@ -1,9 +1,11 @@
-"""``python load_tests/sessions.py DATA OUT``: API-Bank dialogues as multi-turn chat sessions
-for the Locust load test (which must not import toolspec or ray: it runs under gevent).
+"""``python load_tests/sessions.py DATA OUT [--bfcl CATEGORY:N ...]``: API-Bank dialogues (and
+BFCL items) as chat sessions in OpenAI form, for the Locust load test (which must not import
+toolspec or ray: it runs under gevent) and ``load_tests/concurrency.py``.
 
 Each dialogue's ``<user>``/``<response>`` records become turns: turn k sends the first k user
 messages with the recorded responses between them; the tools (from the API-Bank system prompt)
-go in ``tools``.
+go in ``tools``. A BFCL item is a one-turn session; its function names are made OpenAI-valid
+(``math.factorial`` → ``math_factorial``, as BFCL's own OpenAI handler does).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from toolspec.datasets import load_bfcl
 from toolspec.tools import ToolSet
 
 _RECORD = re.compile(r"<(user|response)>(.*?)</\1>", re.DOTALL)
@@ -35,11 +38,33 @@ def dialogue_sessions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sessions
 
 
+def bfcl_sessions(category: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` items of a BFCL category as one-turn sessions."""
+    sessions = []
+    for item in load_bfcl(category, limit):
+        tools = []
+        for tool in item.openai_tools or ():
+            function = dict(tool["function"])
+            function["name"] = _OPENAI_INVALID.sub("_", function["name"])[:64]
+            tools.append({"type": "function", "function": function})
+        sessions.append({"id": f"bfcl-{item.id}", "tools": tools,
+                         "turns": [[dict(m) for m in item.messages]]})
+    return sessions
+
+
+_OPENAI_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    paths = [arg for arg in argv if not arg.startswith("--") and ":" not in arg]
+    if len(paths) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    sessions = dialogue_sessions(json.loads(Path(argv[0]).read_text()))
+    sessions = dialogue_sessions(json.loads(Path(paths[0]).read_text()))
+    for spec in (arg for index, arg in enumerate(argv) if index and argv[index - 1] == "--bfcl"):
+        category, _, count = spec.partition(":")
+        sessions += bfcl_sessions(category, int(count or 20))
+    argv = paths
     Path(argv[1]).write_text(json.dumps(sessions))
     print(f"{len(sessions)} sessions, {sum(len(s['turns']) for s in sessions)} turns -> {argv[1]}")
     return 0

@@ -218,3 +218,20 @@ def test_documents_say_how_their_linear_layers_ran() -> None:
     assert linear_kernels({"dtype": "fp32", "packed_rows": [8, 16]}) == \
         "linear weights packed for 8/16 rows (MKL)"  # runs recorded before oneDNN packing
     assert linear_kernels({"dtype": "bf16", "prepacked_linear": False}) == ""
+
+
+@pytest.mark.real_model
+def test_bench_concurrency_writes_the_curve_and_fp32_outputs_stay_exact(tmp_path: Path,
+                                                                         capsys) -> None:
+    code = main(["bench", "--model", "smollm2-135m", "--dtype", "fp32", "--budget", "6",
+                 "--data", str(sample_path()), "--limit", "4", "--methods", "ar,toolspec",
+                 "--max-new-tokens", "20", "--concurrency", "1,3", "--out", str(tmp_path)])
+    assert code == 0
+    document = json.loads((tmp_path / "concurrency.json").read_text())
+    assert set(document["levels"]) == {"ar", "toolspec"}
+    for method in ("ar", "toolspec"):
+        assert set(document["levels"][method]) == {"1", "3"}
+        for row in document["levels"][method].values():
+            assert row["items"] == 4 and row["completion_tokens_per_s"] > 0
+            assert row["identical_to_ar"] == 1.0  # batched fp32 decoding is plain decoding's
+    assert (tmp_path / "concurrency.png").stat().st_size > 0

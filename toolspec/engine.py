@@ -37,7 +37,18 @@ from toolspec.tools import ToolSet
 T = TypeVar("T")
 
 __all__ = ["Engine", "Generation", "GenerationParams", "KVPrefix", "PrefixMismatchError",
-           "StepEvent", "StepOutcome", "StepStats", "default_stop_token_ids"]
+           "StepEvent", "StepOutcome", "StepReport", "StepStats", "default_stop_token_ids"]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one ``Engine.step`` ran: jobs in the forward, their rows by kind, and its time."""
+
+    jobs: int
+    prompt_rows: int  # rows of prompts (chunks, and the prompt ahead of a first tree)
+    decode_rows: int  # roots and draft-tree nodes of decoding steps
+    forward_s: float
+    step_s: float
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class Engine:
         self.budget = budget
         self.draft_at_prefill = draft_at_prefill
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.last_step: StepReport | None = None  # the latest step's report (diagnostics)
         self.stop_token_ids = frozenset(
             stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
         )
@@ -161,6 +173,7 @@ class Engine:
         fails (its drafter or its grammar raises) is closed and its outcome holds the error;
         the others go on. Mutates: the jobs, their caches, the budget's statistics.
         """
+        began = time.perf_counter()
         outcomes: list[StepOutcome | None] = [None] * len(jobs)
         chunks = self._prompt_rows(jobs, prefill_rows)
         drafting = [i for i, chunk in enumerate(chunks) if chunk is None]
@@ -171,8 +184,9 @@ class Engine:
         if not running:
             return outcomes
         clock = time.perf_counter()
+        rows = [jobs[i].rows(trees.get(i), chunks[i]) for i in running]
         try:
-            logits = self.model.forward([jobs[i].rows(trees.get(i), chunks[i]) for i in running])
+            logits = self.model.forward(rows)
         except Exception as error:  # the forward itself failed: every job in it fails
             for i in running:
                 _fail(outcomes, i, jobs[i], error)
@@ -186,6 +200,10 @@ class Engine:
                 if result[1] is not None:
                     verified.append(result[1])
         self.budget.observe_batch(verified)
+        prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
+        self.last_step = StepReport(len(running), prompt_rows,
+                                    sum(r.rows for r in rows) - prompt_rows, forward_s,
+                                    time.perf_counter() - began)
         return outcomes
 
     def run(self, jobs: Sequence[DecodeJob], prefill_rows: int | None = None

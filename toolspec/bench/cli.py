@@ -46,6 +46,10 @@ def add_bench_commands(commands: Any) -> None:
     bench.add_argument("--plot", action="store_true",
                        help="also write the report PNGs (speed-up, first steps, tool history, "
                             "acceptance) into --out")
+    bench.add_argument("--concurrency", type=_levels, default=None,
+                       help="e.g. 1,2,4,8: instead of one request at a time, N clients send the "
+                            "items (a closed loop), batched into every forward as a replica "
+                            "does; writes concurrency.json and concurrency.png into --out")
     add_format_option(bench)
     add_library_options(bench)
     add_prefill_option(bench)
@@ -142,6 +146,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
     loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
+    if args.concurrency:
+        return _bench_concurrency(args, loaded, items, methods)
     if args.out:
         try:
             claim_folder(args.out, _run_settings(args, loaded))
@@ -192,6 +198,46 @@ def _bench(args: argparse.Namespace) -> int:
 
         run = Run(args.out.name, document, tuple(results))
         for path in plot_runs([run], args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give levels like 1,2,4,8") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: levels are whole numbers of at least 1")
+    return levels
+
+
+def _bench_concurrency(args: argparse.Namespace, loaded: LoadedModel, items: list[Any],
+                       methods: list[str]) -> int:
+    from toolspec.bench.concurrency import run_levels, write_document
+    from toolspec.bench.machine import describe_machine
+    from toolspec.bench.run import build_engines
+    from toolspec.cost_curve import cached_cost_model
+    from toolspec.engine import GenerationParams
+    from toolspec.models import freeze_loaded_objects
+
+    if "oracle" in methods:
+        print("error: the oracle drafts plain decoding's output of the same item: it has no "
+              "meaning under --concurrency", file=sys.stderr)
+        return 2
+    cost = None if args.budget is not None else cached_cost_model(
+        loaded, refresh=args.refresh_cost_curve)
+    engines = build_engines(loaded, methods, args.budget, args.draft_at_prefill, cost)
+    freeze_loaded_objects()
+    levels = run_levels(engines, loaded.tokenizer, items, methods, args.concurrency,
+                        GenerationParams(max_new_tokens=args.max_new_tokens),
+                        tenant=args.tenant)
+    document = {"model": loaded.name, "dtype": dtype_name(loaded.dtype), "data": str(args.data),
+                "items": len(items), "draft_budget": args.budget or "auto",
+                "max_new_tokens": args.max_new_tokens,
+                "machine": describe_machine(loaded.device), "levels": levels}
+    if args.out:
+        for path in write_document(args.out, document):
             print(f"wrote {path}")
     return 0
 

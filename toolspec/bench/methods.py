@@ -1,9 +1,12 @@
 """The decoding methods a benchmark can compare, by name.
 
-A method is built once per run (so a drafter can learn across items) and then asked for the
-drafter of each item, given plain decoding's output on that item (the oracle drafts it, the
-others ignore it). Library-backed methods share the run's call library, which the benchmark
-itself fills after each item (so no method ever sees the current item's own call).
+The served methods (``ar``, ``suffix``, ``toolspec``, its parts and ablations) come from the
+one registry serving uses (``toolspec.registry``); the model-free baselines and the oracle are
+measuring code and live here. A method is built once per run (so a drafter can learn across
+items) and then asked for the drafter of each item, given plain decoding's output on that item
+(the oracle drafts it, the others ignore it). Library-backed methods share the run's call
+library, which the benchmark itself fills after each item (so no method ever sees the current
+item's own call).
 """
 
 from __future__ import annotations
@@ -13,30 +16,30 @@ from dataclasses import dataclass
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.drafters import Drafter, NoDrafter, OracleDrafter, PromptLookupDrafter
+from toolspec.drafters import Drafter, OracleDrafter, PromptLookupDrafter
 from toolspec.drafters.recycling import TokenRecyclingDrafter
-from toolspec.drafters.retrieval import RetrievalDrafter, ToolSpecDrafter
 from toolspec.drafters.samd import SamDecodingDrafter
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
 from toolspec.library import CallLibrary
+from toolspec.registry import LIBRARY_METHODS, PLAIN, DrafterFactory, MissingLibraryError
+from toolspec.registry import METHODS as REGISTERED
+from toolspec.registry import UnknownMethodError
+
+__all__ = ["BASELINE", "METHODS", "ORACLE", "RETRIEVAL_METHODS", "MethodSetup",
+           "MissingLibraryError", "UnknownMethodError", "parse_methods", "split_budget"]
 
 
 @dataclass(frozen=True)
 class MethodSetup:
     tokenizer: PreTrainedTokenizerBase
     library: CallLibrary | None = None
+    tenant: str = "default"
 
 
 DrafterForItem = Callable[[Sequence[int]], Drafter]
 MethodBuilder = Callable[[MethodSetup], DrafterForItem]
 
-BASELINE = "ar"
+BASELINE = PLAIN
 ORACLE = "oracle"  # drafts plain decoding's own output: the ceiling of any drafter
-
-
-class MissingLibraryError(ValueError):
-    """A retrieval method was asked for without a call library."""
 
 
 def _fresh(factory: Callable[[], Drafter]) -> MethodBuilder:
@@ -50,36 +53,30 @@ def _persistent(factory: Callable[[MethodSetup], Drafter]) -> MethodBuilder:
     return build
 
 
-def _library(setup: MethodSetup) -> CallLibrary:
-    if setup.library is None:
-        raise MissingLibraryError("retrieval methods need a call library (--library DIR)")
-    return setup.library
+def _served(method: str) -> MethodBuilder:
+    """A method of the registry, drafted exactly as a replica drafts it: a drafter per item
+    over the run's tenant memory. The benchmark fills the library itself (``learn`` off), after
+    every method ran on an item."""
+    def build(setup: MethodSetup) -> DrafterForItem:
+        if method in LIBRARY_METHODS and setup.library is None:
+            raise MissingLibraryError("retrieval methods need a call library (--library DIR)")
+        factory = DrafterFactory(method, setup.tokenizer, setup.library, learn=False)
+        return lambda ar_tokens: factory.for_request(setup.tenant)
+    return build
 
 
 METHODS: dict[str, MethodBuilder] = {
-    BASELINE: _fresh(NoDrafter),
+    BASELINE: _served(BASELINE),
+    # Model-free baselines (measuring code, not product): see docs/baselines.md.
     "pld": _fresh(PromptLookupDrafter),
     ORACLE: lambda setup: OracleDrafter,
     # Cross-request learners: one drafter per run; each learns an item's output at its stop().
     "samd": _persistent(lambda s: SamDecodingDrafter()),
     "recycling": _persistent(lambda s: TokenRecyclingDrafter()),
-    "suffix": _persistent(lambda s: SuffixDecodingDrafter()),
-    # ToolSpec drafts values and free text with `suffix`, the best baseline (docs/baselines.md).
-    "toolspec-schema": _persistent(lambda s: SchemaDrafter(s.tokenizer, SuffixDecodingDrafter())),
-    # The benchmark fills the library itself (learn=False), after every method ran on an item.
-    "toolspec-retrieval": _persistent(lambda s: RetrievalDrafter(
-        s.tokenizer, _library(s), SuffixDecodingDrafter(), learn=False)),
-    "toolspec": _persistent(lambda s: ToolSpecDrafter(
-        s.tokenizer, _library(s), SuffixDecodingDrafter(), learn=False)),
-    # Ablation: the full method over the paper's prompt-lookup fallback.
-    "toolspec-pld": _persistent(lambda s: ToolSpecDrafter(
-        s.tokenizer, _library(s), PromptLookupDrafter(), learn=False)),
+    # The served methods (suffix is also the best baseline, and ToolSpec's fallback).
+    **{method: _served(method) for method in REGISTERED if method != BASELINE},
 }
-RETRIEVAL_METHODS = frozenset({"toolspec-retrieval", "toolspec", "toolspec-pld"})
-
-
-class UnknownMethodError(ValueError):
-    """A method name that no builder is registered for."""
+RETRIEVAL_METHODS = LIBRARY_METHODS
 
 
 def split_budget(method: str) -> tuple[str, int | None]:

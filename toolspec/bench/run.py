@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.bench.machine import describe_machine
-from toolspec.budget import CostAwareBudget, CostModel, DraftBudget
+from toolspec.budget import CostModel
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup, split_budget
 from toolspec.bench.scoring import score_output
 from toolspec.bench.states import acceptance_by_state, state_counts
@@ -30,6 +30,7 @@ from toolspec.library import CallLibrary
 from toolspec.cost_curve import cached_cost_model
 from toolspec.models import LoadedModel, dtype_name
 from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.registry import budget_for
 from toolspec.sim import SimTarget, simulate
 from toolspec.target_model import TargetModel
 
@@ -355,11 +356,6 @@ def format_markdown(document: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_engine(loaded: LoadedModel, fixed_budget: int | None = None) -> Engine:
-    """An engine whose trees follow this machine's cost curve, or a fixed node cap."""
-    return build_engines(loaded, [BASELINE], fixed_budget)[BASELINE]
-
-
 def build_engines(loaded: LoadedModel, methods: Sequence[str],
                   fixed_budget: int | None = None, draft_at_prefill: bool = True,
                   cost: CostModel | None = None) -> dict[str, Engine]:
@@ -371,16 +367,7 @@ def build_engines(loaded: LoadedModel, methods: Sequence[str],
         cost = None
     elif cost is None:
         cost = cached_cost_model(loaded)
-
-    def budget(method: str) -> DraftBudget | int:
-        # An int: the engine checks it and caps every tree with it.
-        own = split_budget(method)[1]
-        if own is not None:
-            return own
-        if cost is None:
-            return fixed_budget or 0
-        return CostAwareBudget(cost)
-
-    return {method: Engine(model, loaded.tokenizer, budget=budget(method),
+    return {method: Engine(model, loaded.tokenizer,
+                           budget=budget_for(cost, split_budget(method)[1] or fixed_budget),
                            draft_at_prefill=draft_at_prefill)
             for method in methods}

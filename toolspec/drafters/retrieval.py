@@ -16,10 +16,12 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.drafters.schema import GrammarSource
+from toolspec.drafters.style import StyleMemory
 from toolspec.drafters.text_drafts import CLOSE, Segment, TextDraft
 from toolspec.drafters.tool_calls import DraftingView, ToolCallDrafter
 from toolspec.formats import CallScanner, CallState, ToolCall
 from toolspec.library import CallLibrary, LibraryError, LibraryMatch
+from toolspec.token_continuation import TokenContinuer
 
 RETRIEVAL = "retrieval"
 # The last call usually ends the output; another call follows it otherwise.
@@ -121,9 +123,11 @@ class RetrievalDrafter(ToolCallDrafter):
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, library: CallLibrary,
-                 fallback: Drafter | None = None, learn: bool = True) -> None:
+                 fallback: Drafter | None = None, learn: bool = True,
+                 memory: StyleMemory | None = None,
+                 continuer: TokenContinuer | None = None) -> None:
         super().__init__(tokenizer, [LibrarySource(library, learn=learn)], fallback,
-                         name="toolspec-retrieval")
+                         name="toolspec-retrieval", memory=memory, continuer=continuer)
 
 
 class ToolSpecDrafter(ToolCallDrafter):
@@ -133,6 +137,8 @@ class ToolSpecDrafter(ToolCallDrafter):
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, library: CallLibrary,
-                 fallback: Drafter | None = None, learn: bool = True) -> None:
+                 fallback: Drafter | None = None, learn: bool = True,
+                 memory: StyleMemory | None = None,
+                 continuer: TokenContinuer | None = None) -> None:
         super().__init__(tokenizer, [GrammarSource(), LibrarySource(library, learn=learn)],
-                         fallback, name="toolspec")
+                         fallback, name="toolspec", memory=memory, continuer=continuer)

@@ -7,9 +7,11 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.drafters.call_grammar import CallGrammar
 from toolspec.drafters.prompt_literals import nested_literals
+from toolspec.drafters.style import StyleMemory
 from toolspec.drafters.text_drafts import TextDraft
 from toolspec.drafters.tool_calls import DraftingView, ToolCallDrafter
 from toolspec.formats import CallScanner
+from toolspec.token_continuation import TokenContinuer
 
 
 class GrammarSource:
@@ -52,6 +54,9 @@ class SchemaDrafter(ToolCallDrafter):
         eos_token_id: int | None = None,
         max_candidates: int = 48,
         chained_choices: int = 2,
+        memory: StyleMemory | None = None,
+        continuer: TokenContinuer | None = None,
     ) -> None:
         super().__init__(tokenizer, [GrammarSource(chained_choices)], fallback, eos_token_id,
-                         max_candidates, name="toolspec-schema")
+                         max_candidates, name="toolspec-schema", memory=memory,
+                         continuer=continuer)

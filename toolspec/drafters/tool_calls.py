@@ -84,8 +84,10 @@ class ToolCallDrafter:
     When several sources propose, their candidates are mixed with equal weight. The
     ``eos_token_id`` is drafted after a call block that ends the output. A fallback that can
     draft after any context (``ContextDrafter``) also goes on below the ``extended_leaves``
-    likeliest leaves of the sources' tree. Mutates: per-request state and the cross-request
-    ``StyleMemory``.
+    likeliest leaves of the sources' tree. ``memory`` (the model's habits) and ``continuer``
+    (a tokenization cache) may be shared with other drafters — one drafter per request of a
+    tenant, all learning into the tenant's memory. Mutates: per-request state and the
+    cross-request ``StyleMemory``.
     """
 
     def __init__(
@@ -97,17 +99,19 @@ class ToolCallDrafter:
         max_candidates: int = 48,
         name: str = "toolspec",
         extended_leaves: int = 1,
+        memory: StyleMemory | None = None,
+        continuer: TokenContinuer | None = None,
     ) -> None:
         self.name = name
         self.tokenizer = tokenizer
         self.sources = tuple(sources)
-        self.continuer = TokenContinuer(tokenizer)
+        self.continuer = continuer or TokenContinuer(tokenizer)
         self.fallback = fallback
         self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
         self.max_candidates = max_candidates
         self.extended_leaves = extended_leaves
         self._extender = context_drafter(fallback)  # checked once: propose runs every step
-        self.memory = StyleMemory()
+        self.memory = memory if memory is not None else StyleMemory()
         self._request: DraftRequest | None = None
         self._tracker: OutputTracker | None = None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +37,7 @@ class CallLibrary:
     def __init__(self, path: str | Path, shards: int | None = None, max_calls: int | None = None,
                  map_size: int = DEFAULT_MAP_SIZE, *, half_life_s: float | None = None,
                  scan_cap: int = DEFAULT_SCAN_CAP, sync: bool = True,
-                 max_readers: int = 126) -> None:
+                 max_readers: int = 126, clock: Callable[[], float] = time.time) -> None:
         """Opens (creating if needed) the library at ``path``.
 
         ``shards``: the shard count; None takes the stored one (8 for a new library); another
@@ -46,6 +46,8 @@ class CallLibrary:
         per shard (it grows when full). ``half_life_s``: how fast unused calls lose weight
         (fixed at creation like ``shards``: None takes the stored one, one week for a new one).
         ``scan_cap``: index entries a lookup reads at most. ``sync``: fsync every commit.
+        ``clock``: the time calls are stamped and weighed at (replays and tests fix it, so
+        the same calls rank the same whenever they run).
         """
         if max_calls is not None and max_calls < 1:
             raise ValueError(f"max_calls must be None (no cap) or at least 1, got {max_calls}")
@@ -55,6 +57,7 @@ class CallLibrary:
         self.half_life_s = settings.half_life_s
         self.max_calls = max_calls
         self.scan_cap = scan_cap
+        self.clock = clock
         options = EnvOptions(map_size=map_size, sync=sync, max_readers=max_readers)
         self._envs: list[ShardEnv] | None = [
             ShardEnv.acquire(self.path / f"shard-{i:02d}", options) for i in range(self.shards)]
@@ -96,7 +99,7 @@ class CallLibrary:
         """
         shards = self._shards()
         pending = prepare(call, tenant, tokens, self.shards)
-        moment = keys.check_when(time.time() if when is None else when)
+        moment = keys.check_when(self.clock() if when is None else when)
         record = shards[pending.shard].write(
             lambda txn, dbs: store_call(txn, dbs, pending, moment, self.half_life_s))
         self._enforce_cap()
@@ -113,7 +116,7 @@ class CallLibrary:
         shards, total = self._shards(), 0
         iterator = iter(calls)
         while batch := list(islice(iterator, batch_size)):
-            moment = keys.check_when(time.time() if when is None else when)
+            moment = keys.check_when(self.clock() if when is None else when)
             groups: dict[int, list[PendingCall]] = defaultdict(list)
             for call, tenant in batch:
                 pending = prepare(call, tenant, None, self.shards)
@@ -172,7 +175,7 @@ class CallLibrary:
             scanned = [shards[keys.shard_of(tenant, tool, self.shards)]]
         head = keys.text_head(tenant_key, check_arguments_key(arguments_key), style_name(style))
         prefix, exact = keys.text_prefix(head, search)
-        now, cut = time.time(), len(typed)
+        now, cut = self.clock(), len(typed)
 
         def accept(record: CallRecord) -> LibraryMatch | None:
             text = record.renderings[slot]
@@ -194,7 +197,7 @@ class CallLibrary:
             scanned = [shards[keys.shard_of(tenant, check_tool(tool), self.shards)]]
             tag = tool_tag(tool)
         prefix, exact = keys.token_prefix(keys.token_head(tenant_key, fingerprint), prefix_ids)
-        now, cut = time.time(), len(prefix_ids)
+        now, cut = self.clock(), len(prefix_ids)
 
         def accept(record: CallRecord) -> tuple[list[int], float] | None:
             ids = record.tokens.get(fingerprint, ())
