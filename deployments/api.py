@@ -37,7 +37,7 @@ from toolspec.formats import get_format
 
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
 class ModelClient(Protocol):

@@ -41,7 +41,7 @@ from toolspec.registry import DrafterFactory, build_engine
 from toolspec.sampling import SamplingParams
 from toolspec.tool_grammar import answer_grammar, tool_call_grammar
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
                                   ReplicaUnavailableError)
 from deployments.prompting import PromptRenderer
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
 class ServeModelClient:

@@ -28,7 +28,7 @@ from deployments.tracing import tracer
 from toolspec.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
 class LibraryRemote(Protocol):

@@ -26,7 +26,7 @@ from deployments.scheduler import BatchScheduler
 from deployments.tracing import record_span, record_step, tracer
 from toolspec.engine import Generation
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 EngineFactory = Callable[[EngineSettings], ChatEngine]
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from toolspec.engine import StepOutcome
 from toolspec.generation import StepEvent
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
 class Job(Protocol):

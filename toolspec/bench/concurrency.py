@@ -41,7 +41,8 @@ class Timed:
     tokens: tuple[int, ...]
     ttft_s: float
     latency_s: float
-    verifications: int
+    verifications: int  # forwards that verified a tree (or decoded a token after the first)
+    verified_tokens: int  # the tokens those forwards emitted (MAT's numerator)
     margins: tuple[float, ...] | None = None  # top-1 minus top-2 logit, when recorded
 
 
@@ -80,8 +81,10 @@ def closed_loop(engine: Engine, count: int, concurrency: int,
             generation = outcome.event.generation
             if generation is not None:
                 del active[job]
-                results[index] = Timed(generation.tokens, first[index], now - started,
-                                       len(generation.verifications), generation.margins)
+                results[index] = Timed(
+                    generation.tokens, first[index], now - started,
+                    len(generation.verifications),
+                    sum(step.emitted for step in generation.verifications), generation.margins)
                 finished(index, generation)
         fill()
     return results, time.perf_counter() - began  # type: ignore[return-value]
@@ -148,7 +151,8 @@ def summarize_level(timings: Sequence[Timed], wall: float,
         "ttft_p50_s": _quantile(ttfts, 0.5), "ttft_p99_s": _quantile(ttfts, 0.99),
         "latency_p50_s": _quantile(latencies, 0.5),
         "latency_p99_s": _quantile(latencies, 0.99),
-        "mat": tokens / max(1, sum(timed.verifications for timed in timings)),
+        "mat": sum(timed.verified_tokens for timed in timings)
+        / max(1, sum(timed.verifications for timed in timings)),
         "identical_to_ar": None if reference is None else statistics.mean(
             timed.tokens == want.tokens for timed, want in zip(timings, reference)),
         "divergences": [] if reference is None else divergences(timings, reference),
