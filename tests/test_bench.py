@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolspec.bench.machine import describe_machine
+from toolspec.machine import describe_machine
 from toolspec.bench.methods import UnknownMethodError, parse_methods
 from toolspec.bench.run import first_difference, linear_kernels
 from toolspec.cli import main

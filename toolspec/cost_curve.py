@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from toolspec.bench.machine import describe_machine
+from toolspec.machine import describe_machine
 from toolspec.budget import CostModel
 from toolspec.draft_tree import DraftTree
 from toolspec.grouped_attention import attention_implementation

@@ -215,7 +215,7 @@ def _levels(text: str) -> list[int]:
 def _bench_concurrency(args: argparse.Namespace, loaded: LoadedModel, items: list[Any],
                        methods: list[str]) -> int:
     from toolspec.bench.concurrency import run_levels, write_document
-    from toolspec.bench.machine import describe_machine
+    from toolspec.machine import describe_machine
     from toolspec.bench.run import build_engines
     from toolspec.cost_curve import cached_cost_model
     from toolspec.engine import GenerationParams
@@ -336,7 +336,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _cost_curve(args: argparse.Namespace) -> int:
-    from toolspec.bench.machine import describe_machine
+    from toolspec.machine import describe_machine
     from toolspec.cost_curve import (DEFAULT_SIZES, cost_curve_document, format_cost_curve,
                                      measure_cost_curve)
     from toolspec.models import load_model

@@ -17,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.bench.machine import describe_machine
+from toolspec.machine import describe_machine
 from toolspec.budget import CostModel
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup, split_budget
 from toolspec.bench.scoring import score_output

@@ -1,4 +1,4 @@
-"""A one-line description of the machine a benchmark ran on."""
+"""A one-line description of the machine a figure was measured on (benchmarks, cost curves)."""
 
 from __future__ import annotations
 
