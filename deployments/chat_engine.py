@@ -1,13 +1,16 @@
-"""The engine behind a replica: a chat request in, decoding steps out.
+"""The engine behind a replica: a chat request in, a decoding job out; many jobs per step.
 
-``ChatEngine`` is the seam the replica is built on: ``ToolSpecChatEngine`` runs the real model
-with ToolSpec drafting; tests inject a scripted engine. The prompt comes from the model's chat
-template; the drafter from the request's tools and the replica's library view.
+``ChatEngine`` is the seam the replica is built on: ``open`` turns a request into a job,
+``step`` runs one step of many jobs in one forward. ``ToolSpecChatEngine`` runs the real model
+with ToolSpec drafting; tests inject a scripted engine. The prompt comes from the ingress (or
+the model's chat template); the drafter from the registry, for the request's tenant, over the
+replica's library view.
 
-Constrained requests (``ChatRequest.constrained``: ``tool_choice`` required or named, or
-``strict``) decode under a grammar compiled from the offered tools' schemas in the request's
-call format (``toolspec.tool_grammar``): required / named allow only the calls block, strict
-with ``auto`` allows free text whose calls, once opened, are schema-valid. The masks compose
+Constrained requests (``ChatRequest.constrained``: ``tool_choice`` required or named,
+``strict``, or ``response_format``) decode under a grammar compiled from the offered tools'
+schemas in the request's call format (``toolspec.tool_grammar``): required / named allow only
+calls (named: exactly one), strict with ``auto`` allows free text whose calls, once opened, are
+schema-valid, and ``response_format`` makes the answer the JSON document its schema describes. The masks compose
 with speculation (``toolspec.grammar_masks``): the output is exactly masked plain decoding's.
 Grammars are compiled once per (tools, format, shape) and cached. ``auto`` without strict is
 unconstrained, lossless speculation of the model's own output.
