@@ -98,3 +98,35 @@ def test_nestful_file_relabels_calls_and_uses_its_spec(tmp_path: Path) -> None:
     assert find.required == ("query",) and "type" not in find.properties["kind"]
     with pytest.raises(DatasetFormatError, match="split"):
         load_dataset("nestful:unknown")
+
+
+def test_a_users_requests_load_as_items_with_their_tools_and_expected_calls(tmp_path) -> None:
+    from toolspec.datasets import load_dataset
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    lines = [
+        {"model": "any", "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+         "tools": [weather], "reference_calls": [{"name": "get_weather",
+                                                  "arguments": {"city": "Oslo"}}]},
+        {"id": "second", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "And Rome?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+         "tools": [weather], "expected": {"tool_calls": [{"function": {
+             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]}},
+    ]
+    path = tmp_path / "traffic.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    first, second = load_dataset(str(path))
+    assert first.id == "traffic-1" and first.tools.names == ("get_weather",)
+    assert first.openai_tools[0]["function"]["name"] == "get_weather"
+    assert first.reference_calls == ({"name": "get_weather", "arguments": {"city": "Oslo"}},)
+    assert second.id == "second" and second.messages[0]["content"] == "And Rome?"
+    assert second.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
+    assert second.reference_calls == ({"name": "get_weather", "arguments": {"city": "Paris"}},)
+    assert [item.id for item in load_dataset(str(path), skip=1)] == ["second"]
+    path.write_text('{"messages": "no"}\n')
+    with pytest.raises(DatasetFormatError, match="traffic.jsonl:1"):
+        load_dataset(str(path))

@@ -8,9 +8,9 @@ import pytest
 
 from toolspec.bench.analysis import Run, history_label, read_run, step_accepted, tool_history
 from toolspec.bench.resume import read_item_results
-from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, divergence_rows,
-                                   goal_rows, load_config, plot_runs, report_markdown,
-                                   step_end_shares, write_report)
+from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, ReportDataset,
+                                   divergence_rows, goal_rows, goals_for, load_config,
+                                   plot_runs, report_markdown, step_end_shares, write_report)
 from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
 from toolspec.bench.scoring import adheres_to_format, calls_match, score_output, value_matches
 from toolspec.bench.states import state_counts
@@ -151,8 +151,8 @@ def test_summary_reports_accuracy_adherence_states_and_oracle_fraction() -> None
     assert summary["toolspec"]["format_adherence"] == 1.0
     assert summary["toolspec"]["wrapper_adherence"] == 0.0
     assert summary["oracle"]["oracle_fraction"] == 1.0
-    assert summary["toolspec"]["oracle_fraction"] == pytest.approx(
-        summary["toolspec"]["decode_speedup"] / summary["oracle"]["decode_speedup"])
+    assert summary["toolspec"]["oracle_fraction"] == pytest.approx(  # on e2e, not decode
+        summary["toolspec"]["e2e_speedup"] / summary["oracle"]["e2e_speedup"])
     assert summary["toolspec"]["acceptance_by_state"]["tool_name"] == {
         "tokens": 90, "drafted": 72, "fraction": 0.8}
     assert "call acc" in format_table(summary)
@@ -242,16 +242,51 @@ def test_divergences_are_listed_with_their_near_tie_verdict() -> None:
     assert "None: all 6 outputs equal ar's" in report_markdown([clean], [], "make report")
 
 
-def test_goal_rows_compare_toolspec_with_the_best_baseline() -> None:
-    summary = {"ar": {"decode_speedup": 1.0}, "pld": {"decode_speedup": 1.5},
-               "suffix": {"decode_speedup": 2.0},
-               "toolspec": {"decode_speedup": 4.0, "oracle_fraction": 0.5, "e2e_speedup": 1.5},
-               "oracle": {"decode_speedup": 8.0, "e2e_speedup": 2.0}}
-    assert goal_rows(summary) == {"speedup_vs_ar": 4.0, "speedup_vs_best_baseline": 2.0,
-                                  "oracle_fraction": 0.5, "oracle_fraction_e2e": 0.75}
-    assert goal_rows({"ar": {"decode_speedup": 1.0}})["speedup_vs_ar"] is None
+def test_goal_rows_compare_toolspec_with_the_best_baseline_end_to_end() -> None:
+    summary = {"ar": {"decode_speedup": 1.0, "e2e_speedup": 1.0},
+               "pld": {"decode_speedup": 1.5, "e2e_speedup": 1.4},
+               "suffix": {"decode_speedup": 2.0, "e2e_speedup": 1.6},
+               "toolspec": {"decode_speedup": 4.0, "e2e_speedup": 3.2},
+               "oracle": {"decode_speedup": 8.0, "e2e_speedup": 4.0}}
+    assert goal_rows(summary) == pytest.approx({"e2e_vs_ar": 3.2, "e2e_vs_best_baseline": 2.0,
+                                                "decode_vs_ar": 4.0, "oracle_fraction": 0.8})
+    assert goal_rows({"ar": {"decode_speedup": 1.0, "e2e_speedup": 1.0}})["e2e_vs_ar"] is None
     del summary["oracle"]
-    assert goal_rows(summary)["oracle_fraction_e2e"] is None
+    assert goal_rows(summary)["oracle_fraction"] is None
+    bfcl = ReportDataset("simple", "bfcl:simple_python")
+    other = ReportDataset("mine", "traffic.jsonl")
+    assert goals_for(bfcl) == {"e2e_vs_ar": 3.0, "e2e_vs_best_baseline": 1.7,
+                               "decode_vs_ar": 5.0}
+    assert goals_for(other) == {"e2e_vs_ar": 3.0, "e2e_vs_best_baseline": 1.5}
+
+
+def test_tokens_accepted_in_the_prompts_forward_are_prefills() -> None:
+    """An item whose first tree rode on the prompt's forward and delivered 10 of its 20 tokens:
+    decode counts the 9 after the first forward (20 minus the first token minus 10), MAT only
+    the decoding steps, and ``prefill_accepted`` the 10."""
+    base = result("it-0", "ar", "x", 4.0, 19, 19)
+    fast = replace(result("it-0", "toolspec", "x", 0.9, 3, 19), prefill_accepted=10)
+    summary = summarize([base, fast], ["ar", "toolspec"])
+    entry = summary["toolspec"]
+    assert fast.after_first_forward == 9
+    assert entry["prefill_accepted"] == 10
+    assert entry["decode_tokens_per_s"] == pytest.approx(9 / 0.9)
+    assert entry["mat"] == pytest.approx(9 / 3)
+    assert entry["decode_speedup"] == pytest.approx((9 / 0.9) / (19 / 4.0))
+    assert entry["e2e_speedup"] > 1 and entry["ttft_s"] == fast.prefill_s
+
+
+def test_the_report_says_which_sets_were_tuned_on() -> None:
+    run = Run(name="l1", results=tuple(toy_results(2)),
+              document={"model": "m", "dtype": "bf16", "items": 2, "machine": "toy",
+                        "methods": {"ar": {}, "toolspec": {}, "oracle": {}}})
+    datasets = [ReportDataset("l1", "../shared/data/api-bank/level-1.json", dev_items=200)]
+    text = report_markdown([run], [], "make report", datasets=datasets)
+    assert "## End-to-end speed-up vs plain decoding" in text
+    assert text.index("End-to-end speed-up") < text.index("Decode speed-up vs")
+    assert "| l1 | 2 | first 200 tuned on, left out |" in text
+    assert ReportDataset("l2", "x", tuned=True).tuning == "tuned on: not a result"
+    assert ReportDataset("live", "bfcl:live_simple").tuning == "never tuned on"
 
 
 def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) -> None:

@@ -35,7 +35,7 @@ def _sim(args: argparse.Namespace) -> int:
     parse_methods(method)
     nodes_given = own_budget if own_budget is not None else args.budget
     tokenizer = load_tokenizer(args.model)
-    items = load_dataset(args.data, args.limit)
+    items = load_dataset(args.data, args.limit, args.skip)
     call_format = format_named(args.format)
     targets = (recorded_targets(tokenizer, items, args.recorded, call_format=call_format)
                if args.recorded else reference_targets(tokenizer, items, call_format))
@@ -99,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_commands(commands)
 
     sim = commands.add_parser("sim", help="replay known outputs through a drafter, no model")
-    sim.add_argument("--data", required=True, help="API-Bank JSON file or bfcl:<category>")
+    sim.add_argument("--data", required=True,
+                     help="API-Bank JSON file, a .jsonl of OpenAI chat requests (reference_calls "
+                          "replayed unless --recorded), bfcl:<category> or nestful:<split>")
     sim.add_argument("--limit", type=int, default=None)
+    sim.add_argument("--skip", type=int, default=0, help="leave out the first N items")
     sim.add_argument("--drafter", default="schema", help="schema, pld, or any bench method")
     sim.add_argument("--model", default=DEFAULT_MODEL, help="whose tokenizer to use")
     sim.add_argument("--budget", type=int, default=None,

@@ -126,7 +126,7 @@ class SimReport:
     items: int = 0
     steps: int = 0  # verification forwards (the prefill's when it carried a tree)
     emitted: int = 0  # tokens those forwards emitted
-    decode_tokens: int = 0  # every token but each item's first (what the decode phase delivers)
+    decode_tokens: int = 0  # tokens after each item's first forward (what decoding steps deliver)
     tokens_by_state: Counter[str] = field(default_factory=Counter)
     drafted_by_state: Counter[str] = field(default_factory=Counter)
     proposed_by_source: Counter[str] = field(default_factory=Counter)
@@ -237,7 +237,8 @@ def simulate(
                 with _drafting(report):
                     budget.observe(tree, accepted, rides_on_prefill=at_prefill)
             emitted_count = min(len(accepted) + 1, len(output) - position)
-            report.decode_tokens += emitted_count - at_prefill
+            if not at_prefill:  # the prompt's forward delivers prefill's tokens, tree or not
+                report.decode_tokens += emitted_count
             if not at_prefill and cost is not None:
                 report.forward_cost += cost.cost(len(tree) + 1)
             if at_prefill and not tree:  # plain prefill: not a verification

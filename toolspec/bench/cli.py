@@ -24,11 +24,16 @@ def add_bench_commands(commands: Any) -> None:
     """Register ``bench`` and its subcommands on ``commands`` (an argparse subparsers action)."""
     bench = commands.add_parser("bench", help="benchmark decoding methods against plain decoding")
     add_model_options(bench)
-    bench.add_argument("--data", help="a JSON file in the API-Bank processed format, "
+    bench.add_argument("--data", help="a JSON file in the API-Bank processed format, a .jsonl "
+                                      "file of OpenAI chat requests (your own traffic: "
+                                      "messages, tools, optional reference_calls), "
                                       "bfcl:<category> (e.g. bfcl:live_simple) or "
                                       "nestful:<split> (executable, sgd, glaive, "
                                       "complexfuncbench)")
     bench.add_argument("--limit", type=int, default=None, help="first N items")
+    bench.add_argument("--skip", type=int, default=0,
+                       help="leave out the first N items (a data set's tuning part): --limit "
+                            "then counts from there")
     bench.add_argument("--methods", default="ar,pld,oracle",
                        help="comma-separated; ar always runs; NAME@N: that method with its "
                             "trees capped at N nodes (e.g. toolspec@7)")
@@ -141,7 +146,7 @@ def _bench(args: argparse.Namespace) -> int:
     from toolspec.models import freeze_loaded_objects, load_model
 
     methods = parse_methods(args.methods)
-    items = load_dataset(args.data, args.limit)
+    items = load_dataset(args.data, args.limit, args.skip)
     if not items:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
@@ -251,6 +256,7 @@ def _run_settings(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, An
 
     return {"model": loaded.name, "dtype": dtype_name(loaded.dtype),
             "prepacked_linear": loaded.prepacked_linear, "data": str(args.data),
+            "skip": args.skip,
             "draft_budget": args.budget or "auto", "max_new_tokens": args.max_new_tokens,
             "format": args.format, "draft_at_prefill": args.draft_at_prefill,
             "library": None if args.library is None else str(args.library),
@@ -307,7 +313,8 @@ def _report(args: argparse.Namespace) -> int:
     runs_dir = config.out / dtype
     if not args.no_run:
         for dataset in config.datasets:
-            print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items")
+            print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items "
+                  f"({dataset.tuning})")
             # Parsed like a typed command, so every other option takes its bench default.
             argv = ["bench", "--model", config.model, "--dtype", config.dtype,
                     "--data", dataset.data, "--methods", config.methods,
@@ -316,6 +323,8 @@ def _report(args: argparse.Namespace) -> int:
                     "--out", str(runs_dir / dataset.name)]
             if dataset.limit is not None:
                 argv += ["--limit", str(dataset.limit)]
+            if dataset.dev_items:
+                argv += ["--skip", str(dataset.dev_items)]
             code = _bench(_parse_bench(argv))
             if code:
                 return code
@@ -329,7 +338,8 @@ def _report(args: argparse.Namespace) -> int:
     command = " ".join(["toolspec", *sys.argv[1:]]) if args.command_line is None \
         else args.command_line
     # A page per dtype too, so the bf16 report and the fp32 one stand side by side.
-    page, images = write_report(runs, config.docs, command, name=f"report-{dtype}")
+    page, images = write_report(runs, config.docs, command, name=f"report-{dtype}",
+                                datasets=config.datasets)
     for path in (page, *images):
         print(f"wrote {path}")
     return 0

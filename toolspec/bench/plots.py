@@ -61,7 +61,7 @@ def plot_growth(series: Mapping[str, Sequence[tuple[int, int, int]]], path: Path
 
 
 def plot_speedups(speedups: Mapping[str, Mapping[str, float]], path: Path,
-                  title: str = "Decode speed-up vs plain decoding") -> None:
+                  title: str = "End-to-end speed-up vs plain decoding") -> None:
     """Grouped bars: per data set (``speedups`` keys), one bar per method, each labelled with
     its value. The axis is logarithmic because the oracle's bars can be ten times the others'
     and would flatten them on a linear one."""

@@ -25,7 +25,12 @@ from toolspec.bench.states import acceptance_by_state
 
 BASELINES = ("pld", "samd", "recycling", "suffix")
 FULL_METHOD = "toolspec"
-GOALS = {"speedup_vs_ar": 5.0, "speedup_vs_best_baseline": 1.7, "oracle_fraction": 0.8}
+# Issue 34's goals, end to end (prompt in, last token out) unless named decode: on every set
+# ≥ 3× plain decoding, ≥ 1.5× the best baseline (≥ 1.7× on API-Bank and BFCL), never below it;
+# decode speed-up (prefill's tokens excluded) ≥ 5× on BFCL.
+GOALS = {"e2e_vs_ar": 3.0, "e2e_vs_best_baseline": 1.5}
+GOALS_APIBANK_BFCL = {"e2e_vs_best_baseline": 1.7}
+GOALS_BFCL = {"decode_vs_ar": 5.0}
 FIRST_STEPS = 2
 # ar's top-1 minus top-2 logit below which a divergence counts as a near-tie: a few steps of
 # bf16's resolution at this model's logit magnitudes (8 significant bits: steps of 0.0625 from 8
@@ -40,9 +45,31 @@ class ReportConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ReportDataset:
+    """A data set of the report. ``dev_items``: its first items may be replayed for tuning and
+    are left out (the report runs the rest); ``tuned``: the whole set was used for tuning, so
+    its figures are not results (the report says so)."""
+
     name: str  # the run folder under ``out`` and the label in the report
     data: str  # a ``--data`` spec
     limit: int | None = None
+    dev_items: int = 0
+    tuned: bool = False
+
+    @property
+    def tuning(self) -> str:
+        """Whether the set was used for tuning, as the report states it."""
+        if self.tuned:
+            return "tuned on: not a result"
+        if self.dev_items:
+            return f"first {self.dev_items} tuned on, left out"
+        return "never tuned on"
+
+    @property
+    def family(self) -> str:
+        """``bfcl``, ``apibank`` or ``other``: which goals apply."""
+        if self.data.startswith("bfcl:"):
+            return "bfcl"
+        return "apibank" if "api-bank" in self.data or "apibank" in self.data else "other"
 
 
 @dataclass(frozen=True)
@@ -73,7 +100,8 @@ def load_config(path: Path) -> ReportConfig:
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ReportConfigError(f"{path}: {error}") from None
     try:
-        datasets = tuple(ReportDataset(str(d["name"]), str(d["data"]), d.get("limit"))
+        datasets = tuple(ReportDataset(str(d["name"]), str(d["data"]), d.get("limit"),
+                                       int(d.get("dev_items", 0)), bool(d.get("tuned", False)))
                          for d in raw["datasets"])
         methods = str(raw["methods"])
         model = str(raw["model"])
@@ -128,22 +156,31 @@ def summaries(runs: Sequence[Run]) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def goal_rows(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
-    """The issue's goals for one data set: toolspec's decode speed-up vs ar and vs the best
-    baseline that ran, and its oracle fraction (None where a method did not run); besides the
-    goals, ``oracle_fraction_e2e``: its end-to-end speed-up / the oracle's. The decode ratio
-    degenerates once the first tree rides on the prefill: the oracle's tree then holds most of
-    its output, which arrives with the first token, so almost no decode time is left to it."""
+    """toolspec's figures the goals are about, for one data set (None where a method did not
+    run): e2e speed-up vs ar and vs the best baseline that ran (the best by e2e), decode
+    speed-up vs ar (prefill's tokens excluded), and its share of the oracle's e2e speed-up."""
     full = summary.get(FULL_METHOD)
-    baselines = [summary[m]["decode_speedup"] for m in BASELINES if m in summary]
+    baselines = [summary[m]["e2e_speedup"] for m in BASELINES if m in summary]
     best = max(baselines) if baselines else None
     oracle = summary.get(ORACLE)
     return {
-        "speedup_vs_ar": full["decode_speedup"] if full else None,
-        "speedup_vs_best_baseline": full["decode_speedup"] / best if full and best else None,
-        "oracle_fraction": full.get("oracle_fraction") if full else None,
-        "oracle_fraction_e2e": full["e2e_speedup"] / oracle["e2e_speedup"]
+        "e2e_vs_ar": full["e2e_speedup"] if full else None,
+        "e2e_vs_best_baseline": full["e2e_speedup"] / best if full and best else None,
+        "decode_vs_ar": full["decode_speedup"] if full else None,
+        "oracle_fraction": full["e2e_speedup"] / oracle["e2e_speedup"]
         if full and oracle and oracle["e2e_speedup"] else None,
     }
+
+
+def goals_for(dataset: ReportDataset | None) -> dict[str, float]:
+    """The goals that apply to ``dataset`` (every set's, tightened for API-Bank and BFCL)."""
+    goals = dict(GOALS)
+    family = dataset.family if dataset is not None else "other"
+    if family in ("apibank", "bfcl"):
+        goals.update(GOALS_APIBANK_BFCL)
+    if family == "bfcl":
+        goals.update(GOALS_BFCL)
+    return goals
 
 
 def plot_runs(runs: Sequence[Run], directory: Path, prefix: str = "") -> list[Path]:
@@ -157,7 +194,7 @@ def plot_runs(runs: Sequence[Run], directory: Path, prefix: str = "") -> list[Pa
     written = []
 
     path = directory / f"{prefix}speedup.png"
-    plots.plot_speedups({name: {m: s["decode_speedup"] for m, s in summary.items()}
+    plots.plot_speedups({name: {m: s["e2e_speedup"] for m, s in summary.items()}
                          for name, summary in per_run.items()}, path)
     written.append(path)
 
@@ -192,8 +229,8 @@ def _source_shares(rows: Sequence[ItemResult]) -> dict[str, float]:
     accepted: Counter[str] = Counter()
     for r in rows:
         accepted.update(r.accepted_by_source)
-    decode = sum(r.decode_tokens for r in rows)
-    return {source: count / decode for source, count in accepted.items()} if decode else {}
+    tokens = sum(r.decode_tokens for r in rows)  # every token but the first, drafts' share
+    return {source: count / tokens for source, count in accepted.items()} if tokens else {}
 
 
 def _number(value: float | None, suffix: str = "×") -> str:
@@ -201,10 +238,13 @@ def _number(value: float | None, suffix: str = "×") -> str:
 
 
 def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
-                    image_dir: str = "img") -> str:
-    """The report page: provenance, the speed-up overview, goals, per-run tables, the PNGs."""
+                    image_dir: str = "img",
+                    datasets: Sequence[ReportDataset] = ()) -> str:
+    """The report page: provenance, end-to-end speed-ups first (then decode), whether each set
+    was tuned on, the goals, per-run tables, the PNGs."""
     per_run = summaries(runs)
     methods = list(dict.fromkeys(m for run in runs for m in run.methods))
+    by_name = {dataset.name: dataset for dataset in datasets}
     first = runs[0].document if runs else {}
     lines = [
         "# Benchmark report",
@@ -213,35 +253,43 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
         f"Model {first.get('model', '?')} {first.get('dtype', '?')}; machine: "
         f"{first.get('machine', '?')}.",
         "",
-        "## Decode speed-up vs plain decoding",
-        "",
-        "| data set | items | " + " | ".join(methods) + " |",
-        "|---|---:|" + "---:|" * len(methods),
+        "End-to-end speed-up (prompt in → last token out, prefill included) is the headline. "
+        "Decode speed-up counts only the tokens emitted after the first forward: tokens a "
+        "draft tree delivers in the prompt's forward are prefill's. A set \"tuned on\" was "
+        "replayed while the drafter's constants were chosen: its figures are no result.",
     ]
-    for run in runs:
-        summary = per_run[run.name]
-        cells = [_number(summary[m]["decode_speedup"]) if m in summary else "–" for m in methods]
-        items = len({r.item for r in run.results})
-        lines.append(f"| {run.name} | {items} | " + " | ".join(cells) + " |")
+    for title, key in (("End-to-end speed-up vs plain decoding", "e2e_speedup"),
+                       ("Decode speed-up vs plain decoding", "decode_speedup")):
+        lines += ["", f"## {title}", "",
+                  "| data set | items | tuning | " + " | ".join(methods) + " |",
+                  "|---|---:|---|" + "---:|" * len(methods)]
+        for run in runs:
+            summary = per_run[run.name]
+            cells = [_number(summary[m][key]) if m in summary else "–" for m in methods]
+            items = len({r.item for r in run.results})
+            tuning = by_name[run.name].tuning if run.name in by_name else "–"
+            lines.append(f"| {run.name} | {items} | {tuning} | " + " | ".join(cells) + " |")
     lines += ["", "## Goals (toolspec)", "",
-              f"Goals: decode speed-up ≥ {GOALS['speedup_vs_ar']}× vs ar, ≥ "
-              f"{GOALS['speedup_vs_best_baseline']}× vs the best baseline "
-              f"({', '.join(BASELINES)}), oracle fraction ≥ {GOALS['oracle_fraction']} (decode "
-              f"speed-up / the oracle's). \"of oracle, e2e\" is no goal: the end-to-end ratio, "
-              f"shown because the decode one degenerates when the oracle's first tree, riding "
-              f"on the prefill, holds most of its output.", "",
-              "| data set | × ar | × best baseline | of oracle | of oracle, e2e | met |",
-              "|---|---:|---:|---:|---:|---|"]
+              f"On every set: e2e ≥ {GOALS['e2e_vs_ar']}× vs ar and ≥ "
+              f"{GOALS['e2e_vs_best_baseline']}× vs the best baseline ({', '.join(BASELINES)}, "
+              f"the best by e2e), never below it; ≥ "
+              f"{GOALS_APIBANK_BFCL['e2e_vs_best_baseline']}× on API-Bank and BFCL; decode "
+              f"speed-up ≥ {GOALS_BFCL['decode_vs_ar']}× on BFCL. \"of oracle\" (e2e) is no "
+              f"goal.", "",
+              "| data set | tuning | e2e × ar | e2e × best baseline | decode × ar | of oracle "
+              "| met |", "|---|---|---:|---:|---:|---:|---|"]
     for run in runs:
-        goals = goal_rows(per_run[run.name])
-        known = {k: v for k, v in goals.items() if v is not None and k in GOALS}
-        met = "–" if not known else ("yes" if all(v >= GOALS[k] for k, v in known.items())
+        dataset = by_name.get(run.name)
+        goals, wanted = goal_rows(per_run[run.name]), goals_for(dataset)
+        known = {k: v for k, v in goals.items() if v is not None and k in wanted}
+        met = "–" if not known else ("yes" if all(v >= wanted[k] for k, v in known.items())
                                      else "no: " + ", ".join(k for k, v in known.items()
-                                                             if v < GOALS[k]))
-        lines.append(f"| {run.name} | {_number(goals['speedup_vs_ar'])} | "
-                     f"{_number(goals['speedup_vs_best_baseline'])} | "
-                     f"{_number(goals['oracle_fraction'], '')} | "
-                     f"{_number(goals['oracle_fraction_e2e'], '')} | {met} |")
+                                                             if v < wanted[k]))
+        lines.append(f"| {run.name} | {dataset.tuning if dataset else '–'} | "
+                     f"{_number(goals['e2e_vs_ar'])} | "
+                     f"{_number(goals['e2e_vs_best_baseline'])} | "
+                     f"{_number(goals['decode_vs_ar'])} | "
+                     f"{_number(goals['oracle_fraction'], '')} | {met} |")
     lines += ["", *_divergence_section(runs, per_run), "", "## Per data set", ""]
     for run in runs:
         document = {**run.document, "methods": per_run[run.name]}
@@ -309,10 +357,11 @@ def _state_table(states: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str
     return "\n".join(lines)
 
 
-def write_report(runs: Sequence[Run], docs: Path, command: str, name: str = "report"
-                 ) -> tuple[Path, list[Path]]:
-    """``docs/<name>.md`` and ``docs/img/<name>_*.png`` from ``runs``. Mutates: those files."""
+def write_report(runs: Sequence[Run], docs: Path, command: str, name: str = "report",
+                 datasets: Sequence[ReportDataset] = ()) -> tuple[Path, list[Path]]:
+    """``docs/<name>.md`` and ``docs/img/<name>_*.png`` from ``runs`` (``datasets``: their
+    config entries, for the tuning column and the goals). Mutates: those files."""
     images = plot_runs(runs, docs / "img", prefix=f"{name}_")
     page = docs / f"{name}.md"
-    page.write_text(report_markdown(runs, images, command))
+    page.write_text(report_markdown(runs, images, command, datasets=datasets))
     return page, images

@@ -65,20 +65,24 @@ class ItemResult:
     # Draft tokens accepted in the prefill forward (None: no tree rode on it, or an older run).
     prefill_accepted: int | None = None
 
+    @property
+    def after_first_forward(self) -> int:
+        """Tokens the decode phase emitted: those after the first forward. The first forward
+        (the prompt's) emits the first token and, when a draft tree rode on it, that tree's
+        accepted tokens — prefill's tokens, at prefill's price (``prefill_accepted``)."""
+        return self.decode_tokens - (self.prefill_accepted or 0)
+
     def verification_counts(self) -> tuple[int, int]:
-        """(tokens emitted by verification forwards, their number): MAT's numerator and
-        denominator."""
+        """(tokens emitted by the decoding steps, their number): MAT's numerator and
+        denominator — the prompt's forward is no decoding step, whatever rode on it."""
         return verification_counts(self.decode_tokens, self.steps, self.prefill_accepted)
 
 
 def verification_counts(decode_tokens: int, steps: int, prefill_accepted: int | None
                         ) -> tuple[int, int]:
-    """An item's (tokens emitted by verification forwards, their number). The prefill's forward
-    counts when it verified a tree (``prefill_accepted`` not None): then it emitted the first
-    token too."""
-    if prefill_accepted is None:
-        return decode_tokens, steps
-    return decode_tokens + 1, steps + 1
+    """An item's (tokens emitted by decoding steps, their number): ``decode_tokens`` (every
+    token but the first) less the tokens accepted in the prompt's forward."""
+    return decode_tokens - (prefill_accepted or 0), steps
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -206,16 +210,19 @@ def remember_calls(library: CallLibrary, item: BenchItem, calls: Sequence[ToolCa
 
 
 def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per method: throughput (ratio of totals), speed-ups vs ar, MAT, identity, divergences,
-    call accuracy and format adherence (None where no item was scored), acceptance per call
-    state and, when ``oracle`` ran, ``oracle_fraction``: decode speed-up / the oracle's."""
+    """Per method: the end-to-end speed-up vs ar (the headline: prompt in → last token out),
+    the mean time to first token, the decode speed-up over the tokens emitted after the
+    first forward only (those accepted in the prompt's forward are prefill's:
+    ``prefill_accepted``), MAT over decoding steps, identity, divergences, call accuracy and
+    format adherence (None where no item was scored), acceptance per call state and, when
+    ``oracle`` ran, ``oracle_fraction``: e2e speed-up / the oracle's e2e speed-up."""
     summary: dict[str, dict[str, Any]] = {}
     for method in methods:
         rows = [r for r in results if r.method == method]
         decode_s = sum(r.decode_s for r in rows)
         e2e_s = sum(r.prefill_s + r.decode_s for r in rows)
         steps = sum(r.steps for r in rows)
-        decode_tokens = sum(r.decode_tokens for r in rows)
+        decode_tokens = sum(r.after_first_forward for r in rows)
         verified_tokens, verifications = map(sum, zip(*(r.verification_counts() for r in rows))) \
             if rows else (0, 0)
         new_tokens = sum(r.new_tokens for r in rows)
@@ -226,6 +233,7 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
         summary[method] = {
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s else 0.0,
             "e2e_tokens_per_s": new_tokens / e2e_s if e2e_s else 0.0,
+            "ttft_s": sum(r.prefill_s for r in rows) / len(rows) if rows else 0.0,
             "mat": verified_tokens / verifications if verifications else 0.0,
             "identical_to_ar": sum(r.identical_to_ar for r in rows) / len(rows) if rows else 0.0,
             "steps": steps,
@@ -253,8 +261,8 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
         entry["e2e_speedup"] = _ratio(entry["e2e_tokens_per_s"], reference["e2e_tokens_per_s"])
     if ORACLE in summary:
         for entry in summary.values():
-            entry["oracle_fraction"] = _ratio(entry["decode_speedup"],
-                                              summary[ORACLE]["decode_speedup"])
+            entry["oracle_fraction"] = _ratio(entry["e2e_speedup"],
+                                              summary[ORACLE]["e2e_speedup"])
     return summary
 
 
@@ -302,14 +310,17 @@ def _share(value: float | None, width: int) -> str:
 
 
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
+    """The summary as a text table, the end-to-end speed-up first (the headline)."""
     width = max(10, *(len(method) + 2 for method in summary))
-    header = f"{'method':<{width}}{'decode tok/s':>13}{'e2e tok/s':>11}{'MAT':>7}{'decode x':>10}" \
-             f"{'e2e x':>8}{'identical':>11}{'call acc':>10}{'format':>8}{'of oracle':>11}"
+    header = f"{'method':<{width}}{'e2e x':>8}{'TTFT s':>8}{'decode x':>10}{'MAT':>7}" \
+             f"{'e2e tok/s':>11}{'decode tok/s':>13}{'prefill acc':>12}{'identical':>11}" \
+             f"{'call acc':>10}{'format':>8}{'of oracle':>11}"
     lines = [header, "-" * len(header)]
     for method, m in summary.items():
         lines.append(
-            f"{method:<{width}}{m['decode_tokens_per_s']:>13.2f}{m['e2e_tokens_per_s']:>11.2f}"
-            f"{m['mat']:>7.2f}{m['decode_speedup']:>9.2f}x{m['e2e_speedup']:>7.2f}x"
+            f"{method:<{width}}{m['e2e_speedup']:>7.2f}x{m.get('ttft_s', 0.0):>8.3f}"
+            f"{m['decode_speedup']:>9.2f}x{m['mat']:>7.2f}{m['e2e_tokens_per_s']:>11.2f}"
+            f"{m['decode_tokens_per_s']:>13.2f}{m.get('prefill_accepted', 0):>12}"
             f"{m['identical_to_ar']:>11.2%}{_share(m.get('call_accuracy'), 10)}"
             f"{_share(m.get('format_adherence'), 8)}{_share(m.get('oracle_fraction'), 11)}"
         )
@@ -342,13 +353,15 @@ def format_markdown(document: Mapping[str, Any]) -> str:
              f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}"
              f"{', ' + kernels if kernels else ''}; "
              f"{document['machine']}", "",
-             "| method | decode tok/s | e2e tok/s | MAT | decode × | e2e × | identical to ar "
-             "| call accuracy | format adherence | of oracle | draft ms / step "
+             "| method | e2e × | TTFT s | decode × | MAT | e2e tok/s | decode tok/s "
+             "| prefill-accepted tokens | identical to ar "
+             "| call accuracy | format adherence | of oracle (e2e) | draft ms / step "
              "| verify ms / step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, m in document["methods"].items():
-        lines.append(f"| {method} | {m['decode_tokens_per_s']:.2f} | {m['e2e_tokens_per_s']:.2f} | "
-                     f"{m['mat']:.2f} | {m['decode_speedup']:.2f} | {m['e2e_speedup']:.2f} | "
+        lines.append(f"| {method} | {m['e2e_speedup']:.2f} | {m.get('ttft_s', 0.0):.3f} | "
+                     f"{m['decode_speedup']:.2f} | {m['mat']:.2f} | {m['e2e_tokens_per_s']:.2f} | "
+                     f"{m['decode_tokens_per_s']:.2f} | {m.get('prefill_accepted', 0)} | "
                      f"{m['identical_to_ar']:.0%} | {_cell(m.get('call_accuracy'))} | "
                      f"{_cell(m.get('format_adherence'))} | {_cell(m.get('oracle_fraction'))} | "
                      f"{_milliseconds(m.get('draft_ms_per_step'))} | "
