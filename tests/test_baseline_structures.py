@@ -5,13 +5,13 @@ import random
 import pytest
 
 from toolspec.draft_tree import ROOT
-from toolspec.drafters.adjacency import (
+from toolspec.bench.baselines.adjacency import (
     TOKEN_RECYCLING_TREE,
     AdjacencyMatrix,
     TreeTemplate,
 )
 from toolspec.drafters.best_first import best_first_tree
-from toolspec.drafters.suffix_automaton import Match, SuffixAutomaton
+from toolspec.bench.baselines.suffix_automaton import Match, SuffixAutomaton
 from toolspec.drafters.suffix_positions import SuffixPositions
 from toolspec.drafters.suffix_trie import SuffixTrie
 

@@ -12,8 +12,8 @@ from toolspec.bench.methods import METHODS, MethodSetup
 from toolspec.budget import FixedBudget
 from toolspec.draft_tree import DraftTree
 from toolspec.drafters import Drafter, DraftRequest, PromptLookupDrafter
-from toolspec.drafters.recycling import TokenRecyclingDrafter
-from toolspec.drafters.samd import SamDecodingDrafter
+from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
+from toolspec.bench.baselines.samd import SamDecodingDrafter
 from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 from toolspec.logit_feedback import logits_observer
 from toolspec.sampling import SamplingParams

@@ -148,7 +148,7 @@ def test_candidates_reach_a_fallback_that_wants_them(qwen_tokenizer) -> None:
     them on to its fallback (Token Recycling learns from them), and wants none otherwise."""
     from collections.abc import Sequence
 
-    from toolspec.drafters.recycling import TokenRecyclingDrafter
+    from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
     from toolspec.logit_feedback import logits_observer
 
     class Recorder(TokenRecyclingDrafter):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters import Drafter, OracleDrafter, PromptLookupDrafter
-from toolspec.drafters.recycling import TokenRecyclingDrafter
-from toolspec.drafters.samd import SamDecodingDrafter
+from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
+from toolspec.bench.baselines.samd import SamDecodingDrafter
 from toolspec.library import CallLibrary
 from toolspec.registry import LIBRARY_METHODS, PLAIN, DrafterFactory, MissingLibraryError
 from toolspec.registry import METHODS as REGISTERED

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from toolspec.draft_tree import DraftTree, WeightedDraft
 from toolspec.drafters.base import DraftRequest
-from toolspec.drafters.recycling import TokenRecyclingDrafter
-from toolspec.drafters.suffix_automaton import Match, SuffixAutomaton
+from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
+from toolspec.bench.baselines.suffix_automaton import Match, SuffixAutomaton
 
 
 class SamDecodingDrafter:

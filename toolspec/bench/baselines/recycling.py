@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.drafters.adjacency import (
+from toolspec.bench.baselines.adjacency import (
     TOKEN_RECYCLING_TREE,
     AdjacencyMatrix,
     TreeTemplate,
