@@ -18,7 +18,7 @@ from toolspec.drafters.retrieval import ToolSpecDrafter
 from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
 from toolspec.library import CallLibrary
 from toolspec.models import load_tokenizer
-from toolspec.registry import DrafterFactory, UnknownMethodError
+from toolspec.registry import SUFFIX_SPEC_FACTOR, DrafterFactory, UnknownMethodError
 from toolspec.sim import reference_targets, simulate
 
 
@@ -79,7 +79,9 @@ def test_the_served_drafter_and_the_benchmarked_one_draft_the_same_trees(tokeniz
     libraries = [CallLibrary(tmp_path / f"library-{n}", clock=lambda: 1.8e9) for n in range(4)]
     served = ServedDrafters(tokenizer)
     bench = METHODS["toolspec"](MethodSetup(tokenizer, libraries[1]))
-    persistent = ToolSpecDrafter(tokenizer, libraries[2], SuffixDecodingDrafter(), learn=False)
+    persistent = ToolSpecDrafter(tokenizer, libraries[2],
+                                 SuffixDecodingDrafter(max_spec_factor=SUFFIX_SPEC_FACTOR),
+                                 learn=False)
     forgetful = DrafterFactory("toolspec", tokenizer, learn=False)
 
     def chat(request: DraftRequest) -> ChatRequest:

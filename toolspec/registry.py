@@ -35,6 +35,12 @@ from toolspec.target_model import TargetModel
 from toolspec.token_continuation import TokenContinuer
 
 PLAIN = "ar"
+# SuffixDecoding's papers draft at most one node per matched token (max_spec_factor 1, a GPU
+# default). Sized by this machine's cost-aware budget, longer proposals pay: swept on the dev
+# parts (API-Bank L1's first 100, BFCL simple_python's first 50, recorded outputs, bf16 curve of
+# a 2-core AMX Xeon), `suffix` alone went 3.13x → 4.04x (factor 8; 16 no better) and `toolspec`
+# over it 6.00x → 6.42x estimated decode (docs/baselines.md, "Tuned for this machine").
+SUFFIX_SPEC_FACTOR = 8.0
 # Methods that draft from the call library (they need one).
 LIBRARY_METHODS = frozenset({"toolspec-retrieval", "toolspec", "toolspec-pld"})
 
@@ -67,7 +73,8 @@ class _Parts:
     learn: bool
 
     def suffix(self) -> SuffixDecodingDrafter:
-        return SuffixDecodingDrafter(cache=self.memory.suffix)
+        return SuffixDecodingDrafter(cache=self.memory.suffix,
+                                     max_spec_factor=SUFFIX_SPEC_FACTOR)
 
     def needs_library(self, method: str) -> CallLibrary:
         if self.library is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.drafters import Drafter, OracleDrafter, PromptLookupDrafter
+from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
 from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
 from toolspec.bench.baselines.samd import SamDecodingDrafter
 from toolspec.library import CallLibrary
@@ -75,6 +76,13 @@ METHODS: dict[str, MethodBuilder] = {
     "recycling": _persistent(lambda s: TokenRecyclingDrafter()),
     # The served methods (suffix is also the best baseline, and ToolSpec's fallback).
     **{method: _served(method) for method in REGISTERED if method != BASELINE},
+    # The sweep that tuned the baselines' proposal sizes for this machine (the budget keeps
+    # what the cost curve pays for): `suffix` is factor 8, its papers' default 1 is `suffix-x1`;
+    # prompt lookup gained nothing from longer continuations (docs/baselines.md, "Tuned").
+    **{f"pld-{length}": _fresh(lambda length=length: PromptLookupDrafter(
+        continuation_length=length)) for length in (20, 40)},
+    **{f"suffix-x{factor:g}": _persistent(lambda s, factor=factor: SuffixDecodingDrafter(
+        max_spec_factor=factor)) for factor in (1, 2, 4, 16)},
 }
 RETRIEVAL_METHODS = LIBRARY_METHODS
 
