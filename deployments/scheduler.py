@@ -130,6 +130,8 @@ class BatchScheduler:
         """Hand ``outcome`` to the job's consumer; True when the job is over."""
         if outcome is None:  # it sat this step out (its prompt waits for rows)
             return False
+        if outcome.error is not None:
+            entry.job.close()  # idempotent: a job the engine failed is closed already
         items: list[Any] = [outcome.error] if outcome.error is not None else [outcome.event]
         over = outcome.error is not None or outcome.event.generation is not None or entry.job.done
         if over and outcome.error is None:

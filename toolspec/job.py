@@ -11,6 +11,7 @@ Mutates: its own cache, drafter and chooser; nothing shared but what its drafter
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from toolspec.verify import AcceptedPath, walk_tree
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -183,11 +186,16 @@ class DecodeJob:
                          kv)
 
     def close(self) -> None:
-        """End the job (finished, failed or abandoned): the drafter is stopped, once."""
+        """End the job (finished, failed or abandoned): the drafter is stopped, once. A drafter
+        that fails to stop is logged, not raised: the job is over either way, and the other
+        jobs of its step must not fail with it."""
         if not self._closed:
             self._closed = True
             self.done = True
-            self.drafter.stop()
+            try:
+                self.drafter.stop()
+            except Exception:  # noqa: BLE001 - see above
+                logger.exception("a drafter failed to stop")
 
 
 def _start_cache(model: TargetModel, prompt_ids: Sequence[int], prefix: KVPrefix | None
