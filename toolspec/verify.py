@@ -1,4 +1,5 @@
-"""Verification: one forward over a draft tree, then the acceptance walk.
+"""Verification's acceptance walk (the forward that feeds it is ``TargetModel.forward``, run by
+``Engine.step`` for every job of a step at once).
 
 Acceptance is a single rule for greedy and sampled decoding alike: starting at the root, choose
 the target model's next token from the current row's logits (argmax, or one draw from the target
@@ -10,15 +11,10 @@ does — lossless for greedy, distribution-exact for sampling with deterministic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
-from transformers import DynamicCache
 
 from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.sampling import TokenChooser
-from toolspec.target_model import TargetModel
 
 
 @dataclass(frozen=True)
@@ -45,30 +41,3 @@ def walk_tree(tree: DraftTree, chooser: TokenChooser) -> AcceptedPath:
             return AcceptedPath(tuple(nodes), token)
         nodes.append(child)
         node = child
-
-
-@dataclass(frozen=True)
-class Verification:
-    path: AcceptedPath
-    emitted: tuple[int, ...]  # accepted draft tokens, then the bonus token
-    logits: torch.Tensor  # [len(tree) + 1, vocab], kept for diagnostics (e.g. logit margins)
-
-
-def verify(
-    model: TargetModel,
-    cache: DynamicCache,
-    pending: Sequence[int],
-    tree: DraftTree,
-    chooser: TokenChooser,
-) -> Verification:
-    """Check ``tree`` below the root, the last of the ``pending`` tokens (those not yet in
-    ``cache``: the last emitted token, or the prompt at prefill), with one forward pass.
-
-    Mutates: ``cache`` grows by ``len(pending) + len(tree)`` rows (see ``commit_path``);
-    ``chooser``'s random generator advances by one draw per emitted token in sampled mode.
-    """
-    logits = model.forward_tree(cache, pending, tree)
-    chooser.bind(logits)
-    path = walk_tree(tree, chooser)
-    emitted = tuple(tree.tokens[node] for node in path.nodes) + (path.bonus,)
-    return Verification(path=path, emitted=emitted, logits=logits)
