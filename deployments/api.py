@@ -260,7 +260,7 @@ async def _complete(client: ModelClient, answer: _Answer) -> dict[str, Any]:
         if isinstance(event, StreamStart):
             answer.started(event)
         elif isinstance(event, TextStep):
-            answer.output.feed(event.text)
+            answer.output.feed(event.text, event.calls)
         else:
             end = event
     if answer.start is None or end is None:
@@ -282,7 +282,7 @@ async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
                 answer.started(event)
                 yield responses.chunk(request, created, {"role": "assistant", "content": ""})
             elif isinstance(event, TextStep):
-                for delta in responses.delta_bodies(answer.output.feed(event.text)):
+                for delta in responses.delta_bodies(answer.output.feed(event.text, event.calls)):
                     yield responses.chunk(request, created, delta)
             elif isinstance(event, StreamEnd):
                 yield _final_chunks(answer, created, event, include_usage)

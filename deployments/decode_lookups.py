@@ -17,17 +17,19 @@ longer text can match anything new, and lookups for that call stop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest
-from toolspec.formats import CallScanner
+from toolspec.output import CallSpan
 
 
 class DecodeLookups:
     """Follow-up lookups for one request.
 
-    Mutates: its scanner (fed the output), its in-flight task and ``issued``; starts background
-    fetches on ``cache`` that fill the local library view.
+    It parses nothing: each step's event says where the output's calls lie (the request's one
+    parse, made on the worker thread). Mutates: the output text it has seen, its in-flight task
+    and ``issued``; starts background fetches on ``cache`` that fill the local library view.
     """
 
     def __init__(self, cache: LibraryCache, request: ChatRequest, arguments_key: str,
@@ -37,17 +39,17 @@ class DecodeLookups:
         self.tools = frozenset(request.tools.names) if request.tools is not None else frozenset()
         self.arguments_key = arguments_key
         self.max_lookups = max_lookups
-        self.scanner = CallScanner()
+        self.text = ""  # the visible output so far
         self.issued = 0
         self._pending: asyncio.Task | None = None
         self._pending_typed = ""
         self._asked: set[str] = set()  # call texts already asked for
         self._exhausted: list[str] = []  # call texts whose every match has been fetched
 
-    def observe(self, text: str) -> None:
-        """Take the text a decoding step added; start a lookup if it revealed something new
-        and none is in flight. Returns at once."""
-        self.scanner.feed(text)
+    def observe(self, text: str, calls: Sequence[CallSpan]) -> None:
+        """Take the text a decoding step added and where the output's calls lie; start a
+        lookup if it revealed something new and none is in flight. Returns at once."""
+        self.text += text
         if self._pending is not None:
             if not self._pending.done():
                 return
@@ -55,10 +57,10 @@ class DecodeLookups:
             if not task.cancelled() and task.exception() is None and task.result():
                 self._exhausted.append(self._pending_typed)
             self._pending = None
-        tool, start = self.scanner.tool_name, self.scanner.current_call_start
-        if tool is None or start is None or tool not in self.tools:
-            return  # no call open, or its tool not known yet
-        typed = self.scanner.text[start:]
+        live = calls[-1] if calls and not calls[-1].done else None
+        if live is None or live.name not in self.tools or live.start >= len(self.text):
+            return  # no call open, its tool not known yet, or not visible yet
+        tool, typed = live.name, self.text[live.start:]
         if typed in self._asked or self.issued >= self.max_lookups:
             return
         if any(typed.startswith(done) for done in self._exhausted):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from toolspec.output import CallSpan
 from toolspec.tools import ToolSet
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
@@ -90,10 +91,13 @@ class StreamStart:
 
 @dataclass(frozen=True)
 class TextStep:
-    """One decoding step: the visible text it added and how many tokens it emitted."""
+    """One decoding step: the visible text it added, how many tokens it emitted, and where the
+    output's calls lie (the request's one parse of its output, made on the replica: offsets
+    into the whole output text, which may run ahead of the visible text)."""
 
     text: str
     tokens: int
+    calls: tuple[CallSpan, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -89,9 +89,9 @@ class ModelReplica:
             else:
                 record_step(step.stats, now, span)
             if lookups is not None:
-                lookups.observe(step.text)  # starts a lookup at most; never waits on one
-            if step.text or step.generation is None:
-                yield TextStep(step.text, len(step.tokens))
+                lookups.observe(step.text, step.calls)  # starts a lookup at most; never waits
+            if step.text or step.calls or step.generation is None:
+                yield TextStep(step.text, len(step.tokens), step.calls)
             if step.generation is not None:
                 generation = step.generation
                 if first_step_s is not None:
@@ -99,7 +99,7 @@ class ModelReplica:
                                 generation.prefill_s, span)
                 self.served += 1
                 if self.library is not None and request.parses_calls:
-                    self.library.remember(request, chat.call_format.parse(generation.text))
+                    self.library.remember(request, generation.calls)
                 span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
                                      "toolspec.steps": len(generation.steps)})
                 yield _end(generation)

@@ -4,19 +4,21 @@ One ``ToolCallStream`` serves both response kinds: streaming feeds each step's t
 of tokens at once) and turns what changed into ``delta`` fragments; a plain response feeds the
 whole text and reads the result. Both therefore agree by construction.
 
-Calls are found by the format's incremental ``CallScanner``, fed one character at a time so no
-boundary is missed however many tokens a step emitted. A call is announced (index, id, name)
-once its name is complete; its ``arguments`` are the model's own JSON text of the arguments
-object, streamed as it is typed. Content is the prose before the first call with the format's
+It parses nothing: the replica's one parse of the request's output (``toolspec.output``) says
+with each step where the calls lie. A call is announced (index, id, name) once its name is
+complete and its start visible; its ``arguments`` are the model's own JSON text of the
+arguments object, streamed as it is typed. Content is the prose before the first call with the format's
 wrapper (``<tool_call>``, a fence) removed; text that might still open a call is held back
 until it is clear. Text after the first call (separators, closing wrappers) is not content.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from toolspec.formats import CallFormat, CallScanner
+from toolspec.formats import CallFormat
+from toolspec.output import CallSpan
 
 # A call may be opened by a wrapper starting with one of these; prose is held from the first.
 _OPENER_CHARS = "<`[{"
@@ -49,79 +51,45 @@ class FinishedCall:
     arguments: str  # a JSON object, as a string
 
 
-@dataclass
-class _Call:
-    start: int
-    index: int | None = None  # set when announced
-    name: str | None = None
-    args_start: int | None = None
-    args_end: int | None = None
-    done: bool = False
-    sent_args: int = 0
-    sent_name: bool = False
-
-
 class ToolCallStream:
-    """Splits a growing output into content and tool calls.
+    """Splits a growing output into content and tool calls, from the replica's parse of it.
 
     ``call_format`` None: the whole output is content (no tools, or ``tool_choice`` none).
-    Mutates: its scanner and what it has handed out, on every ``feed``/``finish``.
+    Mutates: the text and call spans it has been given, and what it has handed out.
     """
 
     def __init__(self, call_format: CallFormat | None, id_prefix: str) -> None:
         self.call_format = call_format
         self.id_prefix = id_prefix
-        self._scanner: CallScanner | None = call_format.scanner() if call_format else None
         self._text = ""
-        self._calls: list[_Call] = []
-        self._live: _Call | None = None
+        self._spans: tuple[CallSpan, ...] = ()
+        self._sent_args: dict[int, int] = {}  # by call index: argument characters handed out
         self._sent_content = ""
         self._finished = False
 
     # ---- feeding --------------------------------------------------------------------------
 
-    def feed(self, text: str) -> OutputDelta:
-        """Read ``text`` (the next piece of output); return what is new and certain."""
+    def feed(self, text: str, calls: Sequence[CallSpan] = ()) -> OutputDelta:
+        """Take the next piece of visible ``text`` and where the output's ``calls`` lie (the
+        latest parse); return what is new and certain."""
         self._text += text
-        if self._scanner is None:
+        if self.call_format is None:
             return OutputDelta(text)
-        for char in text:
-            self._track(char)
+        self._spans = tuple(calls) or self._spans
         return self._delta()
 
     def finish(self) -> OutputDelta:
-        """The output is complete: release held-back content."""
+        """The output is complete: release held-back content; a call cut off (token limit)
+        is handed out as typed."""
         self._finished = True
-        if self._live is not None and self._live.index is not None:
-            self._live.done = True  # cut off (token limit): hand out what was typed
-        return self._delta() if self._scanner is not None else OutputDelta("")
+        self._spans = tuple(replace(span, done=True) for span in self._spans)
+        return self._delta() if self.call_format is not None else OutputDelta("")
 
-    def _track(self, char: str) -> None:
-        scanner = self._scanner
-        was_open = scanner.arguments_open
-        completed = len(scanner.calls)
-        scanner.feed(char)
-        live = self._live
-        if scanner.inside_call:
-            if live is None or live.start != scanner.current_call_start:
-                live = self._live = _Call(scanner.current_call_start)
-                self._calls.append(live)
-            if live.name is None and scanner.tool_name is not None:
-                live.name = scanner.tool_name
-                live.index = sum(1 for c in self._calls if c.index is not None)
-            if live.args_start is None and scanner.arguments_start is not None:
-                live.args_start = scanner.arguments_start
-            if was_open and not scanner.arguments_open:
-                live.args_end = len(scanner.text)
-        elif live is not None:
-            finished = len(scanner.calls) > completed and scanner.calls[-1].start == live.start
-            if finished and live.name is None and scanner.calls[-1].name is not None:
-                live.name = scanner.calls[-1].name  # e.g. the name came after the arguments
-                live.index = sum(1 for c in self._calls if c.index is not None)
-            if finished and live.args_start is not None and live.args_end is None:
-                live.args_end = len(scanner.text)
-            live.done = True
-            self._live = None
+    def _announced(self) -> list[CallSpan]:
+        """The calls the client is told of, in order (their index): named, and begun within
+        the visible text."""
+        return [span for span in self._spans
+                if span.name is not None and span.start < len(self._text)]
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -130,29 +98,23 @@ class ToolCallStream:
 
     def _call_deltas(self) -> list[ToolCallDelta]:
         deltas = []
-        for call in self._calls:
-            if call.index is None:
+        for index, span in enumerate(self._announced()):
+            sent = self._sent_args.get(index)
+            arguments = span.arguments(self._text)[sent or 0:]
+            if sent is not None and not arguments:
                 continue
-            arguments = self._arguments(call)[call.sent_args:]
-            if call.sent_name and not arguments:
-                continue
-            first = not call.sent_name
-            call.sent_name = True
-            call.sent_args += len(arguments)
-            deltas.append(ToolCallDelta(call.index, arguments, self._id(call) if first else None,
-                                        call.name if first else None))
+            self._sent_args[index] = (sent or 0) + len(arguments)
+            first = sent is None
+            deltas.append(ToolCallDelta(index, arguments, self._id(index) if first else None,
+                                        span.name if first else None))
         return deltas
 
-    def _arguments(self, call: _Call) -> str:
-        if call.args_start is None:
-            return "{}" if call.done else ""
-        return self._text[call.args_start: call.args_end if call.args_end else len(self._text)]
-
-    def _id(self, call: _Call) -> str:
-        return f"call_{self.id_prefix}_{call.index}"
+    def _id(self, index: int) -> str:
+        return f"call_{self.id_prefix}_{index}"
 
     def _first_call_start(self) -> int | None:
-        return next((c.start for c in self._calls if c.index is not None), None)
+        announced = self._announced()
+        return announced[0].start if announced else None
 
     def _content_so_far(self) -> str:
         start = self._first_call_start()
@@ -183,8 +145,8 @@ class ToolCallStream:
 
     @property
     def tool_calls(self) -> list[FinishedCall]:
-        return [FinishedCall(self._id(c), c.name or "", self._arguments(c))
-                for c in self._calls if c.index is not None]
+        return [FinishedCall(self._id(index), span.name or "", span.arguments(self._text))
+                for index, span in enumerate(self._announced())]
 
 
 def _without_opener(prefix: str, call_format: CallFormat | None) -> str:

@@ -40,7 +40,8 @@ class ToyTokenizer:
 
     eos_token_id = None
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool = False) -> str:
         return "".join(f"<{i}>" for i in ids)
 
 

@@ -12,6 +12,7 @@ from deployments.replica import ModelReplica
 from toolspec.engine import Generation, StepEvent, StepOutcome, StepStats
 from toolspec.formats import get_format
 from toolspec.library import CallLibrary
+from toolspec.output import OutputParse
 
 Script = Callable[[ChatRequest], Sequence[str]]
 
@@ -57,9 +58,11 @@ class ScriptedChatEngine:
     def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
         tokens: list[int] = []
         steps: list[StepStats] = []
+        parse = OutputParse(get_format(self.call_format))  # the request's one parse, as a job's
         for number, piece in enumerate(pieces):
             ids = tuple(ord(char) for char in piece)
             tokens.extend(ids)
+            parse.feed(piece)
             stats = None
             if number:
                 stats = StepStats(len(ids) + 2, len(ids) - 1, len(ids), 0.0, 0.0, 0.0,
@@ -68,8 +71,8 @@ class ScriptedChatEngine:
             generation = None
             if number == len(pieces) - 1:
                 generation = Generation(11, tuple(tokens), "".join(pieces), self.finish, 0.01,
-                                        0.02, tuple(steps))
-            yield StepEvent(ids, piece, stats, generation)
+                                        0.02, tuple(steps), calls=parse.calls())
+            yield StepEvent(ids, piece, stats, generation, calls=parse.spans)
 
 
 class ScriptedJob:

@@ -16,6 +16,7 @@ from ray import serve
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
 from deployments.tool_stream import ToolCallStream
+from toolspec.output import OutputParse
 from serve_fakes import fixed, scripted_factory
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -120,8 +121,10 @@ def test_openai_client_gets_plain_decodings_calls_from_the_default_model(
                                       [t.openai() for t in ToolSet.from_openai(tools)])
     reference = Engine(TargetModel(loaded.model), loaded.tokenizer).generate(
         prompt, None, GenerationParams(max_new_tokens=64))
+    parse = OutputParse(call_format)  # the replica's one parse, of the reference output
+    parse.feed(reference.text)
     expected = ToolCallStream(call_format, "ref")
-    expected.feed(reference.text)
+    expected.feed(reference.text, parse.spans)
     expected.finish()
     assert expected.tool_calls, f"the model made no call: {reference.text!r}"
     want = [(c.name, c.arguments) for c in expected.tool_calls]

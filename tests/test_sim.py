@@ -5,8 +5,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers import ToyTokenizer
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 
+from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.budget import FixedBudget
 from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.drafters.base import DraftRequest
@@ -95,3 +96,22 @@ def test_sim_estimates_a_fixed_budget_on_a_cost_curve(tmp_path: Path,
     # A drafter named with its own cap (the schema alias included) replays that cap.
     assert main(["sim", "--drafter", "schema@4", *common[3:]]) == 0
     assert "budget 4\n" in capsys.readouterr().out
+
+
+def test_the_replay_runs_the_engines_loop_step_for_step() -> None:
+    """A replay of what the model wrote, with the same drafter and budget, takes exactly the
+    verification steps and accepts exactly the drafts the real decoding did: the simulator
+    drives the engine's own loop (``DecodeJob``, ``Engine.step``), not a copy of it."""
+    vocab = 96
+    model, prompt = TargetModel(tiny_model("qwen2", vocab)), [5, 9, 2, 7, 7, 1]
+    params = GenerationParams(max_new_tokens=24)
+    output = Engine(model, ToyTokenizer(), budget=0).generate(prompt, None, params).tokens
+    real = Engine(model, ToyTokenizer(), budget=FixedBudget(6)).generate(
+        prompt, ScriptedDrafter(output, vocab, seed=3), params)
+    assert real.tokens == output  # lossless in fp32
+    replay = simulate(ScriptedDrafter(output, vocab, seed=3),
+                      [SimTarget("item", tuple(prompt), output, DraftRequest(tuple(prompt)))],
+                      FixedBudget(6), ToyTokenizer(), max_new_tokens=24)
+    assert replay.steps == len(real.verifications)
+    assert replay.emitted == len(output)
+    assert replay.accepted_by_source == real.accepted_by_source()

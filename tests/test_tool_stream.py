@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from deployments.tool_stream import ToolCallStream
+from deployments.tool_stream import OutputDelta, ToolCallStream
 from toolspec.formats import get_format
+from toolspec.output import OutputParse
 
 OUTPUTS = [
     ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1, "y": {"z": [1, 2]}}}\n</tool_call>'),
@@ -22,11 +23,33 @@ OUTPUTS = [
 ]
 
 
+class Replica:
+    """The replica's side: the request's one parse, fed the same pieces, hands the stream
+    each step's text with the spans it found."""
+
+    def __init__(self, format_name: str, hold: int = 0) -> None:
+        self.parse = OutputParse(get_format(format_name))
+        self.stream = ToolCallStream(get_format(format_name), "t")
+        self.hold = hold  # characters the visible text lags the parse (a stop string's)
+        self.sent = 0
+
+    def step(self, piece: str) -> OutputDelta:
+        self.parse.feed(piece)
+        visible = max(self.sent, len(self.parse.text) - self.hold)
+        text, self.sent = self.parse.text[self.sent: visible], visible
+        return self.stream.feed(text, self.parse.spans)
+
+    def finish(self) -> OutputDelta:
+        last = self.stream.feed(self.parse.text[self.sent:], self.parse.spans)
+        end = self.stream.finish()
+        return OutputDelta(last.content + end.content, last.tool_calls + end.tool_calls)
+
+
 def whole(format_name: str, text: str) -> ToolCallStream:
-    stream = ToolCallStream(get_format(format_name), "t")
-    stream.feed(text)
-    stream.finish()
-    return stream
+    replica = Replica(format_name)
+    replica.step(text)
+    replica.finish()
+    return replica.stream
 
 
 @pytest.mark.parametrize("format_name, text", OUTPUTS)
@@ -36,9 +59,9 @@ def test_deltas_add_up_to_the_whole_answer_for_any_step_split(format_name: str, 
     for _ in range(20):
         cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 6))))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-        stream = ToolCallStream(get_format(format_name), "t")
+        replica = Replica(format_name, hold=rng.choice([0, 0, 11]))
         content, calls = "", {}
-        for delta in [stream.feed(p) for p in pieces] + [stream.finish()]:
+        for delta in [replica.step(p) for p in pieces] + [replica.finish()]:
             content += delta.content
             for fragment in delta.tool_calls:
                 if fragment.index not in calls:

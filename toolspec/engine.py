@@ -31,6 +31,7 @@ from toolspec.formats import CallFormat
 from toolspec.generation import (Generation, GenerationParams, KVPrefix, PrefixMismatchError,
                                  StepEvent, StepStats)
 from toolspec.job import DecodeJob, Verified
+from toolspec.output import RequestOutput
 from toolspec.target_model import TargetModel
 from toolspec.tools import ToolSet
 
@@ -158,7 +159,8 @@ class Engine:
     ) -> DecodeJob:
         """A job for ``prompt_ids`` (arguments as ``stream``), run by ``step``. Starts its
         drafter; raises PrefixMismatchError for a ``prefix`` that does not fit."""
-        request = DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant)
+        output = RequestOutput(self.tokenizer, call_format)  # the job appends, the drafter reads
+        request = DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant, output)
         return DecodeJob(self.model, self.tokenizer, self.stop_token_ids, drafter or NoDrafter(),
                          params, request, self.budget.max_nodes, self.draft_at_prefill, prefix,
                          keep_kv)

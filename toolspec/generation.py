@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from transformers import DynamicCache
 
+from toolspec.formats import ToolCall
+from toolspec.output import CallSpan
 from toolspec.sampling import SamplingParams, TokenChooser
 from toolspec.stopping import FinishReason
 
@@ -59,6 +61,8 @@ class Generation:
     margins: tuple[float, ...] | None = None  # aligned with ``tokens`` when recorded
     # The draft tree verified in the prefill forward; None when none was drafted there.
     prefill_step: StepStats | None = None
+    # The well-formed calls in ``text``, as the request's output parse found them.
+    calls: tuple[ToolCall, ...] = ()
 
     @property
     def decode_tokens(self) -> int:
@@ -106,9 +110,10 @@ class StepEvent:
 
     The first event holds what the prefill forward chose (the first token, and the first draft
     tree's accepted tokens; ``stats`` None); every later one a verification step. A prompt
-    prefilled in chunks first yields an empty event (no tokens, ``stats`` None) per chunk. ``text`` is
-    the new visible text (see ``TextDeltas``). The last event carries the finished
-    ``generation``.
+    prefilled in chunks first yields an empty event (no tokens, ``stats`` None) per chunk.
+    ``text`` is the new visible text (see ``TextDeltas``); ``calls``, where the output's calls
+    lie in the whole output text so far (its parse: spans may reach past the visible text).
+    The last event carries the finished ``generation``.
     """
 
     tokens: tuple[int, ...]
@@ -116,3 +121,4 @@ class StepEvent:
     stats: StepStats | None
     generation: Generation | None = None
     kv: KVPrefix | None = None  # last event of a stream asked to keep it: prompt + output
+    calls: tuple[CallSpan, ...] = ()

@@ -26,6 +26,8 @@ from toolspec.drafters.base import DraftRequest, Drafter
 from toolspec.generation import (Generation, GenerationParams, KVPrefix, PrefixMismatchError,
                                  StepEvent, StepStats)
 from toolspec.logit_feedback import feed_top_k, logits_observer
+from toolspec.output import RequestOutput
+from toolspec.sampling import TokenChooser
 from toolspec.stopping import StopDecision, StopScanner, cut_at_stop_string
 from toolspec.target_model import SequenceRows, TargetModel, commit_path, truncate_cache
 from toolspec.text_stream import TextDeltas
@@ -50,12 +52,14 @@ class Verified:
 class DecodeJob:
     """The decoding of one prompt. Each step: ``propose`` (unless it runs a prompt chunk),
     ``rows`` → a forward → ``advance``; ``done`` once the last event is out. ``close`` ends it
-    early (the drafter is stopped either way)."""
+    early (the drafter is stopped either way). The output is read once, by ``output`` (the
+    request's ``RequestOutput``, shared with its drafter through ``request.output``)."""
 
     def __init__(self, model: TargetModel, tokenizer: PreTrainedTokenizerBase,
                  stop_token_ids: frozenset[int], drafter: Drafter, params: GenerationParams,
                  request: DraftRequest, max_nodes: int, draft_at_prefill: bool = True,
-                 prefix: KVPrefix | None = None, keep_kv: bool = False) -> None:
+                 prefix: KVPrefix | None = None, keep_kv: bool = False,
+                 chooser: TokenChooser | None = None) -> None:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.params = params
@@ -63,28 +67,37 @@ class DecodeJob:
         self.draft_at_prefill = draft_at_prefill
         self.keep_kv = keep_kv
         self.prompt_tokens = len(request.prompt_ids)
-        self.chooser = params.chooser()
-        self.scanner = StopScanner(tokenizer, stop_token_ids, params.stop, params.max_new_tokens)
-        self.deltas = TextDeltas(tokenizer, params.stop)
+        # ``chooser``: choices given from elsewhere (the simulator replays a recorded output);
+        # there are no logits then to feed back to the drafter.
+        self.chooser = chooser or params.chooser()
+        self.output = request.output or RequestOutput(tokenizer, request.call_format)
+        self.scanner = StopScanner(stop_token_ids, params.stop, params.max_new_tokens)
+        self.deltas = TextDeltas(params.stop)
         self.cache, reused = _start_cache(model, request.prompt_ids, prefix)
         self.started = time.perf_counter()
         self._closed = False
         drafter.start(request)
-        self.observer = logits_observer(drafter)
+        self.observer = logits_observer(drafter) if chooser is None else None
         self.context = list(request.prompt_ids)
         self.pending = self.context[reused:]  # not yet in the cache; the last roots a tree
-        self.generated: list[int] = []
         self.margins: list[float] | None = [] if params.record_margins else None
         self.steps: list[StepStats] = []
         self.prefill_step: StepStats | None = None
         self.prefill_s = 0.0
         self.done = False
         self._draft_s = 0.0
+        self.proposal = DraftTree()  # the drafter's latest tree, before the budget
+        self.verified: Verified | None = None  # the latest step's, where it drafted
         self._tree: DraftTree | None = None
         self._chunk = 0
         self._drafting = False
 
     # ---- before the forward -----------------------------------------------------------------
+
+    @property
+    def generated(self) -> list[int]:
+        """The output's tokens so far (the output's own list: read, never change)."""
+        return self.output.tokens
 
     @property
     def prefilling(self) -> bool:
@@ -103,6 +116,7 @@ class DecodeJob:
         self._drafting = room > 0 and (self.draft_at_prefill or not self.prefilling)
         tree = self.drafter.propose(self.context, room) if self._drafting else DraftTree()
         self._draft_s += time.perf_counter() - clock
+        self.proposal = tree
         return tree
 
     def rows(self, tree: DraftTree | None = None, chunk: int | None = None) -> SequenceRows:
@@ -129,6 +143,7 @@ class DecodeJob:
         for a verification, what the budget learns from it."""
         if self._tree is None:  # a prompt chunk: its keys and values are all kept
             self.pending = self.pending[self._chunk:]
+            self.verified = None
             return StepEvent((), "", None), None
         tree, at_prefill = self._tree, self.prefilling
         clock = time.perf_counter()
@@ -138,10 +153,8 @@ class DecodeJob:
         commit_path(self.cache, base_length + len(self.pending) - 1, path.rows)
         committed = time.perf_counter()
         emitted = [*(tree.tokens[node] for node in path.nodes), path.bonus]
-        self.generated.extend(emitted)
-        decision = self.scanner.scan(self.generated, len(emitted))
-        if decision is not None and decision.keep < len(emitted):
-            del self.generated[len(self.generated) - len(emitted) + decision.keep:]
+        decision = self.scanner.append(self.output, emitted)
+        if decision is not None:
             emitted = emitted[: decision.keep]
         if self.observer is not None:
             feed_top_k(self.observer, self.pending[-1], tree, logits)
@@ -155,35 +168,39 @@ class DecodeJob:
                             - committed, forward_s, committed - clock)
         self._draft_s = 0.0
         verified = Verified(tree, path.nodes, rides_on_prefill) if self._drafting else None
+        self.verified = verified
         if at_prefill:
             self.prefill_s = time.perf_counter() - self.started
             self.prefill_step = stats if len(tree) else None
         else:
             self.steps.append(stats)
         if decision is None:
-            return StepEvent(tuple(emitted), self.deltas.update(self.generated),
-                             None if at_prefill else stats), verified
+            return StepEvent(tuple(emitted), self.deltas.update(self.output.text),
+                             None if at_prefill else stats,
+                             calls=self.output.parse.spans), verified
         return self._finish(decision, emitted, None if at_prefill else stats), verified
 
     def _finish(self, decision: StopDecision, emitted: list[int], stats: StepStats | None
                 ) -> StepEvent:
         self.done = True
-        text = self.tokenizer.decode(self.generated, skip_special_tokens=True)
+        self.output.finish()
+        text = cut_at_stop_string(self.output.text, decision.stop_string)
         generation = Generation(
             prompt_tokens=self.prompt_tokens,
             tokens=tuple(self.generated),
-            text=cut_at_stop_string(text, decision.stop_string),
+            text=text,
             finish_reason=decision.reason,
             prefill_s=self.prefill_s,
             decode_s=time.perf_counter() - self.started - self.prefill_s,
             steps=tuple(self.steps),
             margins=tuple(self.margins) if self.margins is not None else None,
             prefill_step=self.prefill_step,
+            calls=self.output.parse.calls(len(text)),
         )
         kv = _kv_of(self.cache, self.context) if self.keep_kv else None
         self.close()
         return StepEvent(tuple(emitted), self.deltas.finish(generation.text), stats, generation,
-                         kv)
+                         kv, self.output.parse.spans)
 
     def close(self) -> None:
         """End the job (finished, failed or abandoned): the drafter is stopped, once. A drafter

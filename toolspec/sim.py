@@ -1,7 +1,8 @@
 """Offline simulator: replay known outputs through a drafter, with no model.
 
-The "model" accepts a draft token iff it equals the known next token, so a run over a data set
-takes seconds and reports what a drafter would achieve: MAT, how many tokens of each tool-call
+The replay runs the engine's own decode loop (``DecodeJob`` and ``Engine.step``: the same
+budget, acceptance walk, stop checks and output parse as serving), with a "model" that accepts
+a draft token iff it equals the known next token, so a run over a data set takes seconds and reports what a drafter would achieve: MAT, how many tokens of each tool-call
 state (tool name, parameter name, value, ...) were accepted from drafts, and acceptance per draft
 source. Known outputs are the ground-truth calls rendered in the request's format (plus the
 end-of-sequence token), or outputs recorded by ``toolspec bench`` (``items.jsonl``).
@@ -14,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -23,9 +24,14 @@ from toolspec.budget import CostModel, DraftBudget
 from toolspec.datasets import BenchItem
 from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter
+from toolspec.engine import Engine
 from toolspec.formats import DEFAULT_STYLE, CallFormat, CallState, ToolCall
+from toolspec.generation import GenerationParams, KVPrefix
+from toolspec.job import DecodeJob
 from toolspec.library import CallLibrary
+from toolspec.output import RequestOutput
 from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.target_model import SequenceRows
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,74 @@ def _drafting(report: SimReport) -> Iterator[None]:
         report.drafting_s += time.perf_counter() - clock
 
 
+class ReplayCache:
+    """A KV cache without keys and values, for a sequence whose every next token is known
+    (``truth``: prompt + recorded output): it keeps only its length, which is all the decode
+    loop's commit and truncation change. Mutates: its length."""
+
+    layers: tuple = ()  # no keys or values for ``commit_path`` to move
+
+    def __init__(self, truth: Sequence[int]) -> None:
+        self.truth = tuple(truth)
+        self.length = 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, length: int) -> None:
+        self.length = self.length + length if length < 0 else min(self.length, length)
+
+
+class ReplayModel:
+    """The target model of a replay: each row "predicts" the known token after its position
+    (-1 past the known output), so a draft token is accepted iff it is the known next token.
+    ``forward`` takes the engine's rows as ``TargetModel.forward`` does, over ``ReplayCache``s.
+    Mutates: the caches (they grow by the rows run)."""
+
+    def forward(self, batch: Sequence[SequenceRows]) -> list[list[int] | None]:
+        predictions: list[list[int] | None] = []
+        for rows in batch:
+            cache: ReplayCache = rows.cache  # type: ignore[assignment]
+            root = cache.get_seq_length() + len(rows.pending) - 1
+            positions = (root, *(root + depth for depth in rows.tree.depths))
+            truth = cache.truth
+            predictions.append([truth[p + 1] if p + 1 < len(truth) else -1 for p in positions]
+                               if rows.logits else None)
+            cache.length += rows.rows
+        return predictions
+
+
+class ReplayChooser:
+    """Chooses the known next token of each row (``ReplayModel``'s predictions)."""
+
+    def __init__(self) -> None:
+        self._predicted: Sequence[int] = ()
+
+    def bind(self, predicted: Sequence[int]) -> None:
+        self._predicted = predicted
+
+    def choose(self, row: int) -> int:
+        return self._predicted[row]
+
+
+def _replay_job(engine: Engine, target: SimTarget, drafter: Drafter,
+                tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
+                draft_at_prefill: bool) -> DecodeJob:
+    """The decode loop's job for ``target``, its model's choices replayed. It ends where the
+    recorded output ends: at its end token (drafting room bounded by ``max_new_tokens``, as
+    the engine's), or, for an output cut without one, at its length."""
+    output = target.output_ids
+    end_tokens = {*getattr(tokenizer, "all_special_ids", ()), tokenizer.eos_token_id}
+    ends_itself = output[-1] in end_tokens and output[-1] not in output[:-1]
+    stop = frozenset({output[-1]}) if ends_itself else frozenset()
+    limit = max(max_new_tokens, len(output)) if ends_itself else len(output)
+    request = replace(target.request, output=RequestOutput(tokenizer, target.request.call_format))
+    return DecodeJob(engine.model, tokenizer, stop, drafter, GenerationParams(limit), request,
+                     engine.budget.max_nodes, draft_at_prefill,
+                     KVPrefix((), ReplayCache((*target.prompt_ids, *output))),
+                     chooser=ReplayChooser())
+
+
 def simulate(
     drafter: Drafter,
     targets: Iterable[SimTarget],
@@ -198,13 +272,16 @@ def simulate(
     tenant: str = "default",
     draft_at_prefill: bool = True,
 ) -> SimReport:
-    """Replay every target through ``drafter`` as the engine decodes it: the first tree rides on
-    the prefill (``draft_at_prefill``), rooted at the prompt's last token.
+    """Replay every target through ``drafter`` in the engine's own decode loop (``DecodeJob``
+    and ``Engine.step``, with ``ReplayModel`` for the model): the first tree rides on the
+    prefill (``draft_at_prefill``), rooted at the prompt's last token.
 
     With a ``cost`` model the report also predicts the decode speed-up. With a ``library``, each
     target's calls are added to it after the target (a cold start filled in order). Mutates:
     ``drafter``, ``budget`` and ``library``."""
     report = SimReport()
+    engine = Engine(ReplayModel(), tokenizer, budget, stop_token_ids=(),  # type: ignore[arg-type]
+                    draft_at_prefill=draft_at_prefill)
     for target in targets:
         output = target.output_ids
         if not output:
@@ -214,62 +291,50 @@ def simulate(
         steps_before, emitted_before = report.steps, report.emitted
         library_calls = library.stats().calls if library is not None else None
         with _drafting(report):
-            drafter.start(target.request)
-        context = list(target.prompt_ids)
+            job = _replay_job(engine, target, drafter, tokenizer, max_new_tokens,
+                              draft_at_prefill)
         position = 0
-        while position < len(output):
-            # Like the engine, drafting is capped by the token limit, not by the (unknown) end.
-            room = min(budget.max_nodes, max_new_tokens - position - 1)
-            at_prefill = position == 0
-            drafting = room > 0 and (draft_at_prefill or not at_prefill)
+        while not job.done:
             with _drafting(report):
-                proposal = drafter.propose(context, room) if drafting else DraftTree()
-                tree = budget.select(proposal) if drafting else proposal
-            accepted = tree.path_along(output[position:])
+                outcome = engine.step([job])[0]
+            if outcome.error is not None:
+                raise outcome.error
+            at_prefill = position == 0
+            verified = job.verified
+            tree = verified.tree if verified is not None else DraftTree()
+            accepted = verified.accepted if verified is not None else ()
             verifies = bool(tree) or not at_prefill  # a plain prefill is no verification
             if verifies and position + len(accepted) + 1 < len(output):  # ended short of it
                 missed = position + len(accepted)
-                reach = proposal.path_along(output[position:])
+                reach = job.proposal.path_along(output[position:])
                 report.step_ends.append(StepEnd(
                     target.id, missed, states[missed].value, output[missed], len(accepted),
-                    len(reach), proposal.child_count(reach[-1] if reach else ROOT), len(tree)))
-            if drafting:
-                with _drafting(report):
-                    budget.observe(tree, accepted, rides_on_prefill=at_prefill)
-            emitted_count = min(len(accepted) + 1, len(output) - position)
+                    len(reach), job.proposal.child_count(reach[-1] if reach else ROOT),
+                    len(tree)))
+            emitted_count = min(len(outcome.event.tokens), len(output) - position)
             if not at_prefill:  # the prompt's forward delivers prefill's tokens, tree or not
                 report.decode_tokens += emitted_count
             if not at_prefill and cost is not None:
                 report.forward_cost += cost.cost(len(tree) + 1)
+            position += emitted_count
             if at_prefill and not tree:  # plain prefill: not a verification
-                context.extend(output[:1])
-                with _drafting(report):
-                    drafter.observe(output[:1])
-                position = 1
                 continue
             report.steps += 1
             report.nodes_verified += len(tree)
             report.proposed_by_source.update(tree.sources)
             report.accepted_by_source.update(tree.sources[n] for n in accepted)
-            for offset in range(len(accepted)):
-                report.drafted_by_state[states[position + offset].value] += 1
-            emitted = output[position: position + emitted_count]
+            start = position - emitted_count
+            for offset in range(min(len(accepted), emitted_count)):
+                report.drafted_by_state[states[start + offset].value] += 1
             for offset in range(emitted_count):
-                report.tokens_by_state[states[position + offset].value] += 1
+                report.tokens_by_state[states[start + offset].value] += 1
             report.emitted += emitted_count
-            context.extend(emitted)
-            with _drafting(report):
-                drafter.observe(emitted)
-            position += emitted_count
-        with _drafting(report):
-            drafter.stop()
         report.items += 1
         report.per_item.append(ItemSim(target.id, report.steps - steps_before,
                                        report.emitted - emitted_before, library_calls))
         if library is not None and target.request.call_format is not None:
-            text = tokenizer.decode(output, skip_special_tokens=True)
             offered = set(target.request.tools.names) if target.request.tools else set()
-            for call in target.request.call_format.parse(text):
+            for call in job.output.parse.calls():
                 if call.name in offered:
                     library.add(call, tenant)
     return report

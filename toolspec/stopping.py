@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from toolspec.output import RequestOutput
 
 FinishReason = Literal["stop", "length"]
 
@@ -23,14 +23,13 @@ class StopDecision:
 
 
 class StopScanner:
-    """Finds the first emitted token that ends the generation.
+    """Appends a step's tokens to the output one by one, up to the token that ends it.
 
-    Mutates: remembers how much decoded text it has already searched for stop strings.
+    Mutates: the output it is given; remembers how much text it has searched for stop strings.
     """
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
         stop_token_ids: frozenset[int],
         stop_strings: Sequence[str],
         max_new_tokens: int,
@@ -39,29 +38,28 @@ class StopScanner:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if any(not s for s in stop_strings):
             raise ValueError("stop strings must be non-empty")
-        self.tokenizer = tokenizer
         self.stop_token_ids = stop_token_ids
         self.stop_strings = tuple(stop_strings)
         self.max_new_tokens = max_new_tokens
         self._searched_chars = 0
 
-    def scan(self, generated: Sequence[int], new_count: int) -> StopDecision | None:
-        """Check the last ``new_count`` tokens of ``generated``, in order."""
-        first_new = len(generated) - new_count
-        for offset in range(new_count):
-            produced = first_new + offset + 1
-            if generated[produced - 1] in self.stop_token_ids:
+    def append(self, output: RequestOutput, emitted: Sequence[int]) -> StopDecision | None:
+        """Append ``emitted`` to ``output`` in order; the first token that ends the generation
+        (an end token, the completion of a stop string, the token limit) is the last one
+        appended, and its decision is returned (None: the generation goes on)."""
+        for offset, token in enumerate(emitted):
+            output.append(token)
+            if token in self.stop_token_ids:
                 return StopDecision(offset + 1, "stop")
             if self.stop_strings:
-                hit = self._stop_string_in(generated[:produced])
+                hit = self._stop_string_in(output.text)
                 if hit is not None:
                     return StopDecision(offset + 1, "stop", hit)
-            if produced >= self.max_new_tokens:
+            if len(output.tokens) >= self.max_new_tokens:
                 return StopDecision(offset + 1, "length")
         return None
 
-    def _stop_string_in(self, generated: Sequence[int]) -> str | None:
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+    def _stop_string_in(self, text: str) -> str | None:
         longest = max(len(s) for s in self.stop_strings)
         # Only text that could hold a stop string ending after the last search is searched.
         window_start = max(0, self._searched_chars - longest + 1)

@@ -8,11 +8,12 @@ the step emitted, and ``stop`` at the end. It can be tested with a toy vocabular
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from toolspec.draft_tree import DraftTree
 from toolspec.formats import CallFormat
+from toolspec.output import RequestOutput
 from toolspec.tools import ToolSet
 
 
@@ -23,7 +24,9 @@ class DraftRequest:
     ``tools`` and ``call_format`` are set for tool-calling requests: the tools the model may
     call and the wire format its calls will be written in. ``conversation`` is the text of the
     user-visible messages (what argument values are usually copied from). ``tenant`` names whose
-    past calls may be drafted (libraries keep tenants apart).
+    past calls may be drafted (libraries keep tenants apart). ``output``: the request's one
+    reading of its output, which whoever decodes appends to (the engine's job) and drafters only
+    read; None where a drafter is driven alone (it then reads the tokens it observes itself).
     """
 
     prompt_ids: tuple[int, ...]
@@ -31,6 +34,7 @@ class DraftRequest:
     call_format: CallFormat | None = None
     conversation: str = ""
     tenant: str = "default"
+    output: RequestOutput | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable

@@ -81,9 +81,10 @@ class StyleMemory:
         """The years the model has written date values in, the most used first."""
         return tuple(year for year, _ in self.years.most_common(2))
 
-    def learn(self, call_format: CallFormat, scanner: CallScanner) -> None:
+    def learn(self, call_format: CallFormat, scanner: CallScanner, end: str = "") -> None:
         """Record the spacing, opening, closing and date years of a finished output that held
-        calls."""
+        calls; ``end``: the text of the special token that ended it (part of the closing: a
+        drafted closing then ends the output with the token this model ends it with)."""
         if not scanner.calls:
             return
         self.years.update(date.year for date in date_values(scanner.text) if date.year)
@@ -95,6 +96,6 @@ class StyleMemory:
         opening = scanner.text[: first.start]
         if len(opening) <= _MAX_WRAPPER:
             self.openings.setdefault(call_format.name, Counter())[opening] += 1
-        closing = scanner.text[last.end:]
+        closing = scanner.text[last.end:] + end
         if len(opening) <= _MAX_WRAPPER and len(closing) <= _MAX_WRAPPER:
             self.closings.setdefault((call_format.name, opening), Counter())[closing] += 1

@@ -1,6 +1,7 @@
 """The tool-call drafter: candidate continuations from several sources, tokenized in context.
 
-Per step it reads the output so far through the format's incremental scanner, asks each
+Per step it reads the output so far through the request's one parse of it (its
+``RequestOutput``: the format's incremental scanner), asks each
 ``CandidateSource`` (the schema grammar, the call library) for candidate continuations as text,
 turns each into the token ids the model's tokenizer would produce in context
 (``TokenContinuer``), and merges them into one weighted trie. A generic drafter (``suffix`` in the
@@ -23,30 +24,8 @@ from toolspec.drafters.style import StyleMemory
 from toolspec.drafters.text_drafts import CLOSE, TextDraft, scaled
 from toolspec.formats import CallFormat, CallScanner, JsonStyle
 from toolspec.logit_feedback import logits_observer
+from toolspec.output import RequestOutput
 from toolspec.token_continuation import TokenContinuer, TokenizedContinuation
-
-
-class OutputTracker:
-    """The request's output so far: token ids, and the call scanner over their decoded text.
-
-    Mutates: both, on ``extend``.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, call_format: CallFormat) -> None:
-        self.tokenizer = tokenizer
-        self.call_format = call_format
-        self.scanner = call_format.scanner()
-        self.generated: list[int] = []
-
-    def extend(self, ids: Sequence[int]) -> None:
-        self.generated.extend(ids)
-        text = self.tokenizer.decode(self.generated, skip_special_tokens=False,
-                                     clean_up_tokenization_spaces=False)
-        # A token can end inside a multi-byte character; wait for the rest of it.
-        text = text.rstrip("\ufffd")
-        if not text.startswith(self.scanner.text):
-            self.scanner = self.call_format.scanner()  # the decoded text changed: rescan
-        self.scanner.feed(text[len(self.scanner.text):])
 
 
 @dataclass(frozen=True)
@@ -113,15 +92,19 @@ class ToolCallDrafter:
         self._extender = context_drafter(fallback)  # checked once: propose runs every step
         self.memory = memory if memory is not None else StyleMemory()
         self._request: DraftRequest | None = None
-        self._tracker: OutputTracker | None = None
+        self._output: RequestOutput | None = None
+        self._owns_output = False
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self, request: DraftRequest) -> None:
         self._request = request
-        self._tracker = None
+        self._output, self._owns_output = None, False
         if request.tools is not None and request.call_format is not None:
-            self._tracker = OutputTracker(self.tokenizer, request.call_format)
+            # The request's own reading of its output; a drafter driven alone keeps one.
+            self._output, self._owns_output = request.output, request.output is None
+            if self._owns_output:
+                self._output = RequestOutput(self.tokenizer, request.call_format)
             prompt_text = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=True)
             conversation = request.conversation or prompt_text
             for source in self.sources:
@@ -130,8 +113,9 @@ class ToolCallDrafter:
             self.fallback.start(request)
 
     def observe(self, emitted: Sequence[int]) -> None:
-        if self._tracker is not None:
-            self._tracker.extend(emitted)
+        if self._owns_output:
+            for token in emitted:
+                self._output.append(token)
         if self.fallback is not None:
             self.fallback.observe(emitted)
 
@@ -148,19 +132,27 @@ class ToolCallDrafter:
             observer.observe_logits(tokens, top_k_ids)
 
     def stop(self) -> None:
-        if self._tracker is not None and self._request is not None:
-            self.memory.learn(self._tracker.call_format, self._tracker.scanner)
+        if self._output is not None and self._request is not None:
+            self.memory.learn(self._request.call_format, self._output.parse.scanner,
+                              self._end_text(self._output.tokens))
             for source in self.sources:
-                source.finish(self._request, self._tracker.scanner)
+                source.finish(self._request, self._output.parse.scanner)
         if self.fallback is not None:
             self.fallback.stop()
-        self._tracker = None
+        self._output, self._owns_output = None, False
         self._request = None
+
+    def _end_text(self, tokens: Sequence[int]) -> str:
+        """The text of the special token that ended the output ("" if none did; the output's
+        text leaves special tokens out)."""
+        if not tokens or tokens[-1] not in getattr(self.tokenizer, "all_special_ids", ()):
+            return ""
+        return self.tokenizer.decode(tokens[-1:], skip_special_tokens=False)
 
     @property
     def scanner(self) -> CallScanner | None:
         """The current request's scanner (read-only use: statistics, tests)."""
-        return self._tracker.scanner if self._tracker is not None else None
+        return self._output.parse.scanner if self._output is not None else None
 
     # ---- drafting -------------------------------------------------------------------------
 
@@ -199,9 +191,9 @@ class ToolCallDrafter:
 
     def text_drafts(self) -> list[TextDraft]:
         """Every source's candidates for the current position, minus what is already typed."""
-        if self._tracker is None:
+        if self._output is None:
             return []
-        scanner, call_format = self._tracker.scanner, self._tracker.call_format
+        scanner, call_format = self._output.parse.scanner, self._request.call_format
         opening = scanner.text[: scanner.first_call_start] \
             if scanner.first_call_start is not None else scanner.text
         view = DraftingView(
