@@ -106,9 +106,12 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
 def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
-          session_id: str | None, tenant_header: str | None = None) -> ChatRequest:
+          session_id: str | None, tenant_header: str | None = None,
+          authenticated_tenant: str | None = None) -> ChatRequest:
     """The request as a replica runs it (its prompt not yet rendered: see ``api``).
-    ``tenant_header``: the tenant header's value, if sent. Raises AdmissionError (400 / 404)."""
+    ``tenant_header``: the tenant header's value, if sent; ``authenticated_tenant``: the
+    tenant of the request's API key, which decides alone when given. Raises AdmissionError
+    (400 / 404)."""
     if body.model not in policy.models:
         raise AdmissionError(404, f"model {body.model!r} is not served here; available: "
                              f"{', '.join(policy.models)}", param="model",
@@ -136,7 +139,7 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
     if offered is not None and (strict or mode in ("required", "named")):
         _check_constrainable(offered)
     try:
-        tenant = policy.tenants.resolve(tenant_header, body.user)
+        tenant = authenticated_tenant or policy.tenants.resolve(tenant_header, body.user)
     except TenantError as error:
         raise AdmissionError(400, str(error), param=error.param, code="invalid_tenant") from None
     return ChatRequest(

@@ -24,14 +24,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments import responses
+from deployments import metrics, responses
 from deployments.admission import AdmissionError, AdmissionPolicy, admit, error_body, parse_body
+from deployments.auth import ApiKeys
 from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
                                   ReplicaUnavailableError, StreamEnd, StreamError, StreamStart,
                                   TextStep)
 from deployments.prompting import PromptRenderer, fit_to_context
 from deployments.schemas import ChatCompletionRequest
-from deployments.tool_stream import ToolCallStream
+from deployments.tool_stream import OutputDelta, ToolCallStream
 from deployments.tracing import tracer
 from toolspec.formats import get_format
 
@@ -48,6 +49,13 @@ class ModelClient(Protocol):
         subclass ReplicaBusyError when every replica's queue is full). Leaving the iterator
         early cancels the request on the replica."""
 
+    async def describe(self) -> dict[str, Any]:
+        """One replica's ``ModelReplica.describe``; raises as ``stream``."""
+
+    async def deployments(self) -> dict[str, Any] | None:
+        """Each deployment's status and replicas by state, as Serve sees them (None where
+        the client does not run under Serve)."""
+
 
 class IncompleteStreamError(ReplicaUnavailableError):
     """The replica's events ended without a StreamEnd."""
@@ -63,22 +71,38 @@ class RequestFailed(Exception):
         self.body = body
         self.headers = headers or {}
 
+    @property
+    def code(self) -> str | None:
+        return self.body["error"].get("code")
+
     def response(self, headers: dict[str, str]) -> JSONResponse:
         return JSONResponse(self.body, status_code=self.status,
                             headers={**headers, **self.headers})
 
 
 def create_api(client: ModelClient, policy: AdmissionPolicy,
-               renderer: PromptRenderer | None = None) -> FastAPI:
+               renderer: PromptRenderer | None = None, keys: ApiKeys | None = None
+               ) -> FastAPI:
     """The app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 
     ``renderer``: the served model's chat template and tokenizer, to count a prompt's tokens
-    at admission (None: the replica counts them, and refuses a prompt too long with a 400)."""
+    at admission (None: the replica counts them, and refuses a prompt too long with a 400).
+    ``keys``: the API keys ``/v1/*`` requires, each naming its tenant (None: open, the tenant
+    header trusted)."""
     api = FastAPI(title="ToolSpec serving", docs_url=None, redoc_url=None)
 
     @api.exception_handler(AdmissionError)
     async def refused(http: Request, error: AdmissionError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=_id_header(http))
+        metrics.record_refusal(error.code or error.param or "invalid_request")
+        metrics.record_request(error.status, "unknown", False)
+        headers = _id_header(http)
+        if error.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    def tenant_of_key(http: Request) -> str | None:
+        """The tenant of the request's API key (None without keys); raises a 401."""
+        return keys.tenant(http.headers.get("authorization")) if keys is not None else None
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -89,33 +113,45 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
     async def internal_error(http: Request, error: Exception) -> JSONResponse:
         request_id = getattr(http.state, "request_id", None) or "-"
         logger.exception("request %s: unexpected failure", request_id)
+        metrics.record_request(500, "unknown", False)
         return JSONResponse(internal_error_body(request_id), status_code=500,
                             headers=_id_header(http))
 
+    loaded = _LoadedModel(client)
+
     @api.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        report = await _health(client, loaded)
+        return JSONResponse(report, status_code=200 if report["status"] != "unavailable"
+                            else 503)
 
     @api.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(http: Request) -> dict[str, Any]:
+        tenant_of_key(http)
+        described = await loaded.get()
+        extra = {} if described is None else {
+            "root": described.get("model"), "max_model_len": described.get("context_tokens"),
+            "dtype": described.get("dtype")}
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "toolspec"}
+            {"id": name, "object": "model", "created": 0, "owned_by": "toolspec", **extra}
             for name in policy.models]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Any:
+        arrived = time.perf_counter()
         request_id = _request_id(http)
+        tenant = tenant_of_key(http)  # before reading a body an unknown caller sent
         with tracer.start_as_current_span("toolspec.request") as span:
             raw = await _read_body(http, policy.limits.max_body_bytes)
             with tracer.start_as_current_span("toolspec.admission"):
                 # Parsing a large body and rendering its prompt take CPU time: off the loop.
                 body, request = await asyncio.to_thread(
-                    _admitted, raw, policy, renderer, request_id, http)
+                    _admitted, raw, policy, renderer, request_id, http, tenant)
             span.set_attributes({"toolspec.request_id": request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            answer = _Answer(request, policy.expose_replica)
+            answer = _Answer(request, policy.expose_replica, arrived)
             if body.stream:
                 # The stream outlives this span; its replica call is traced on its own.
                 return StreamingResponse(_stream(client, answer, include_usage),
@@ -124,10 +160,72 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             try:
                 result = await _complete(client, answer)
             except RequestFailed as failure:
+                answer.ended(failure.status, stream=False)
                 return failure.response(_id_header(http))
+            answer.ended(200, stream=False)
             return JSONResponse(result, headers=_id_header(http))
 
     return api
+
+
+MODEL_DEPLOYMENT, LIBRARY_DEPLOYMENT = "ModelServer", "CallLibraryService"
+
+
+class _LoadedModel:
+    """What the model replicas have loaded, asked of one of them and kept for ``ttl_s`` (it
+    changes only when ``user_config`` reloads the model). Mutates: its copy."""
+
+    def __init__(self, client: ModelClient, ttl_s: float = 60.0,
+                 timeout_s: float = 5.0) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
+        self._described: dict[str, Any] | None = None
+        self._at = 0.0
+
+    async def get(self, fresh: bool = False) -> dict[str, Any] | None:
+        """The latest description (None if no replica answered in time)."""
+        if fresh or self._described is None or time.monotonic() - self._at > self.ttl_s:
+            try:
+                self._described = await asyncio.wait_for(self.client.describe(),
+                                                          self.timeout_s)
+                self._at = time.monotonic()
+            except (TimeoutError, ReplicaUnavailableError) as error:
+                logger.warning("no model replica described itself: %s",
+                               type(error).__name__)
+                if fresh:
+                    return None
+        return self._described
+
+
+async def _health(client: ModelClient, loaded: _LoadedModel) -> dict[str, Any]:
+    """``ok``: a model replica runs and the retrieval actor too (or there is none);
+    ``degraded``: the model serves, retrieval is down (drafting goes on without it);
+    ``unavailable``: no model replica runs. Under Serve the states are the controller's (no
+    request waits in a busy replica's queue); elsewhere a replica is asked."""
+    try:
+        deployments = await client.deployments()
+    except Exception as error:  # noqa: BLE001 - the controller unreachable: ask a replica
+        logger.warning("Serve's status unavailable for /health: %s", type(error).__name__)
+        deployments = None
+    if deployments is not None:
+        model_up = deployments.get(MODEL_DEPLOYMENT, {}).get("replicas", {}).get("RUNNING", 0) > 0
+        library_status = deployments.get(LIBRARY_DEPLOYMENT)
+        library = "disabled" if library_status is None else (
+            "reachable" if library_status["replicas"].get("RUNNING", 0) > 0 else "unreachable")
+        described = await loaded.get() if model_up else None
+    else:
+        described = await loaded.get(fresh=True)
+        model_up = described is not None
+        library = described.get("library", "disabled") if described else "unreachable"
+    status = "unavailable" if not model_up else "degraded" if library == "unreachable" else "ok"
+    report: dict[str, Any] = {"status": status, "library": library}
+    if described is not None:
+        report["model"] = {key: described[key] for key in ("model", "dtype", "context_tokens")
+                           if key in described}
+    if deployments is not None:
+        report["deployments"] = deployments
+    return report
 
 
 def _request_id(http: Request) -> str:
@@ -153,10 +251,11 @@ def _id_header(http: Request) -> dict[str, str]:
 
 
 def _admitted(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
-              request_id: str, http: Request) -> tuple[ChatCompletionRequest, ChatRequest]:
+              request_id: str, http: Request, tenant: str | None
+              ) -> tuple[ChatCompletionRequest, ChatRequest]:
     body = parse_body(raw, policy.limits)
     request = admit(body, policy, request_id, http.headers.get(SESSION_HEADER),
-                    policy.tenants.header_value(http.headers))
+                    policy.tenants.header_value(http.headers), tenant)
     if renderer is not None:
         request = fit_to_context(renderer.render(request), body, renderer.context_tokens
                                  if policy.limits.context_tokens is None
@@ -191,18 +290,41 @@ def internal_error_body(request_id: str) -> dict[str, Any]:
 
 
 class _Answer:
-    """One admitted request's answer as it is put together: its output parser, its start."""
+    """One admitted request's answer as it is put together: its output stream, its start,
+    and the timing of its fragments (for the latency metrics)."""
 
-    def __init__(self, request: ChatRequest, expose_replica: bool) -> None:
+    def __init__(self, request: ChatRequest, expose_replica: bool, arrived: float) -> None:
         self.request = request
         self.expose_replica = expose_replica
         self.start: StreamStart | None = None
         self.output: ToolCallStream | None = None
+        self.mode = metrics.tool_choice_mode(len(request.tools or ()), request.tool_choice)
+        self._last_fragment: float | None = None
+        self.arrived = arrived
+        self._tokens_since = 0  # tokens of steps that brought nothing visible yet
 
     def started(self, start: StreamStart) -> None:
         self.start = start
         call_format = get_format(start.call_format) if self.request.parses_calls else None
         self.output = ToolCallStream(call_format, self.request.request_id[:12])
+
+    def feed(self, step: TextStep) -> OutputDelta:
+        """The step's new content and call fragments; times the first and the gaps."""
+        delta = self.output.feed(step.text, step.calls)
+        self._tokens_since += step.tokens
+        if delta:
+            now = time.perf_counter()
+            if self._last_fragment is None:
+                metrics.record_first_token(now - self.arrived, self.mode)
+            else:
+                metrics.record_inter_token(now - self._last_fragment, self._tokens_since)
+            self._last_fragment, self._tokens_since = now, 0
+        return delta
+
+    def ended(self, status: int, stream: bool) -> None:
+        metrics.record_request(status, self.mode, stream)
+        if status == 429:
+            metrics.record_refusal("queue_full")
 
     def extension(self, end: StreamEnd) -> dict[str, Any]:
         return responses.extension(self.start, end, self.expose_replica)
@@ -254,13 +376,38 @@ def _failed(request: ChatRequest, error: StreamError) -> RequestFailed:
     return RequestFailed(500, internal_error_body(request.request_id))
 
 
+RETRY_PAUSE_S = 1.0  # for Serve to learn that a replica died before the retry is routed
+
+
 async def _complete(client: ModelClient, answer: _Answer) -> dict[str, Any]:
+    """The whole answer. A replica that dies before answering (a crash, kill -9, its node
+    lost) costs the client nothing: the request runs once more, on another replica where
+    there is one — safe, since a greedy answer is deterministic and a sampled one keeps its
+    seed. The session id is dropped for the retry (its KV cache died with the replica, and
+    the session's hash would pick the dead replica again)."""
+    try:
+        return await _complete_once(client, answer)
+    except RequestFailed as failure:
+        request = answer.request
+        if failure.code != "replica_unavailable" or (
+                request.deadline is not None and time.time() + RETRY_PAUSE_S > request.deadline):
+            raise
+        logger.warning("request %s: its replica failed before answering; retrying once",
+                       request.request_id)
+        metrics.record_retry()
+    await asyncio.sleep(RETRY_PAUSE_S)
+    retry = _Answer(replace(answer.request, session_id=None), answer.expose_replica,
+                    answer.arrived)
+    return await _complete_once(client, retry)
+
+
+async def _complete_once(client: ModelClient, answer: _Answer) -> dict[str, Any]:
     end = None
     async for event in _events(client, answer.request):
         if isinstance(event, StreamStart):
             answer.started(event)
         elif isinstance(event, TextStep):
-            answer.output.feed(event.text, event.calls)
+            answer.feed(event)
         else:
             end = event
     if answer.start is None or end is None:
@@ -282,21 +429,24 @@ async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
                 answer.started(event)
                 yield responses.chunk(request, created, {"role": "assistant", "content": ""})
             elif isinstance(event, TextStep):
-                for delta in responses.delta_bodies(answer.output.feed(event.text, event.calls)):
+                for delta in responses.delta_bodies(answer.feed(event)):
                     yield responses.chunk(request, created, delta)
             elif isinstance(event, StreamEnd):
                 yield _final_chunks(answer, created, event, include_usage)
                 yield responses.DONE
+                answer.ended(200, stream=True)
                 return
         raise RequestFailed(503, error_body(
             f"the model replica's answer ended early (request id {request.request_id})",
             "service_unavailable", code="replica_unavailable"))
     except RequestFailed as failure:
         # Headers are sent already: the error goes in the stream, then the stream ends.
+        answer.ended(failure.status, stream=True)
         yield responses.sse(failure.body)
         yield responses.DONE
     except Exception:  # a fault must not cut the stream without an error event
         logger.exception("request %s failed mid-stream", request.request_id)
+        answer.ended(500, stream=True)
         yield responses.sse(internal_error_body(request.request_id))
         yield responses.DONE
 

@@ -21,6 +21,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.admission import AdmissionPolicy
+from deployments.auth import ApiKeySource
 from deployments.chat_engine import EngineSettings
 from deployments.limits import AdmissionLimits
 from deployments.ingress import Ingress
@@ -111,6 +112,13 @@ class AppConfig(_Strict):
                           "refuses one past the context before any model work")
     expose_replica: bool = Field(False, description="responses name the replica that served "
                                                     "them (debugging session pinning)")
+    api_keys_file: str | None = Field(
+        None, description="a file of '<key or sha256:digest> <tenant>' lines on the ingress's "
+                          "nodes (a mounted secret): /v1/* then needs a bearer key, whose "
+                          "tenant it serves; never put keys in this config")
+    api_keys_env: str | None = Field(
+        None, description="the environment variable of the ingress's processes holding such "
+                          "lines (newline- or comma-separated)")
     ingress_replicas: int = Field(1, ge=1)
     ingress_max_ongoing_requests: int = Field(256, ge=1)
 
@@ -169,7 +177,8 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         backpressure_config=BackpressureConfig(status_code=429,
                                                retry_after_s=config.model.retry_after_s))
     renderer = config.model.model if config.count_prompt_tokens_at_ingress else None
-    return ingress.bind(model, config.policy(), renderer)
+    keys = ApiKeySource(config.api_keys_file, config.api_keys_env)
+    return ingress.bind(model, config.policy(), renderer, keys)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

@@ -22,11 +22,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from weakref import WeakKeyDictionary
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from deployments import metrics
 from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from deployments.prompting import ContextLengthError, context_message
@@ -87,6 +88,10 @@ class ChatEngine(Protocol):
     def apply(self, settings: EngineSettings) -> None:
         """Take new settings of the same model, dtype and weight packing (budgets)."""
 
+    def describe(self) -> dict[str, Any]:
+        """What is loaded: ``model``, ``dtype``, ``context_tokens`` (for ``/v1/models`` and
+        ``/health``)."""
+
 
 class ToolSpecChatEngine:
     """The target model with ToolSpec drafting. Mutates: the engine's budget statistics, the
@@ -107,8 +112,10 @@ class ToolSpecChatEngine:
             self.engine.stop_token_ids)
         freeze_loaded_objects()
 
-    def describe(self) -> str:
-        return f"{self.loaded.name} {dtype_name(self.loaded.dtype)}"
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.loaded.name, "dtype": dtype_name(self.loaded.dtype),
+                "context_tokens": self.loaded.model.config.max_position_embeddings,
+                "draft_budget": self.settings.draft_budget}
 
     def apply(self, settings: EngineSettings) -> None:
         """Take a new draft budget, prefill chunk and session-cache budget (same model, dtype,
@@ -152,8 +159,10 @@ class ToolSpecChatEngine:
         """``Engine.step`` with this replica's prompt rows per step; a finished request of a
         session leaves its cache (prompt + output) for the session's next turn."""
         outcomes = self.engine.step(jobs, self.settings.prefill_chunk_tokens)
-        if self.engine.last_step is not None:
-            self.load.add(self.engine.last_step)
+        report = self.engine.last_step
+        if report is not None:
+            self.load.add(report)
+            metrics.record_rows(report.prompt_rows, report.decode_rows)
         for job, outcome in zip(jobs, outcomes):
             kv = outcome.event.kv if outcome is not None and outcome.event is not None else None
             session = self._session_of.pop(job, None) if job.done else None

@@ -7,6 +7,7 @@ the model deployment's consistent-hash router needs it to keep a session on one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +19,7 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
+from deployments.auth import ApiKeySource
 from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
                                   ReplicaUnavailableError)
 from deployments.prompting import PromptRenderer
@@ -30,6 +32,20 @@ class ServeModelClient:
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle.options(stream=True)
+        self._calls = handle  # not streamed: describe
+
+    async def describe(self) -> dict[str, Any]:
+        try:
+            return await self._calls.describe.remote()
+        except BackPressureError as error:
+            raise ReplicaBusyError(error.message, error.retry_after_s or 1.0) from error
+        except (RayError, RayServeException) as error:
+            raise ReplicaUnavailableError(f"{type(error).__name__}: {error}") from error
+
+    async def deployments(self) -> dict[str, Any] | None:
+        """Serve's view of this application's deployments (the controller's, which needs
+        no replica to answer): per deployment its status and replicas by state."""
+        return await asyncio.to_thread(_application_status)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
         handle = self._handle
@@ -53,6 +69,19 @@ class ServeModelClient:
                 _cancel(response)  # the client left or the deadline passed: stop its work
 
 
+def _application_status() -> dict[str, Any]:
+    app = serve.get_replica_context().app_name
+    status = serve.status().applications[app]
+    return {name: {"status": _plain(deployment.status),
+                   "replicas": {_plain(state): count
+                                for state, count in deployment.replica_states.items()}}
+            for name, deployment in status.deployments.items()}
+
+
+def _plain(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
 def _cancel(response: Any) -> None:
     """Cancel a running handle call. A call whose assignment failed re-raises that failure
     from ``cancel``; it was answered already."""
@@ -66,13 +95,17 @@ def _cancel(response: Any) -> None:
 class Ingress:
     """Serve deployment class; the FastAPI app is built per replica from its arguments.
     ``renderer_model``: the model whose chat template and tokenizer count prompts at
-    admission (None: the replica counts them)."""
+    admission (None: the replica counts them); ``api_keys``: where the keys are, if any."""
 
     def __init__(self, model: Any, policy: AdmissionPolicy,
-                 renderer_model: str | None = None) -> None:
+                 renderer_model: str | None = None,
+                 api_keys: ApiKeySource = ApiKeySource()) -> None:
         self.client = ServeModelClient(model)
         self.policy = policy
         self.renderer = PromptRenderer(renderer_model) if renderer_model else None
+        # Read here, on the ingress's node (a mounted secret, its environment); a deployment
+        # that names keys it cannot read fails to start rather than start open.
+        self.keys = api_keys.load() if api_keys.configured else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_api(self.client, self.policy, self.renderer)
+        return create_api(self.client, self.policy, self.renderer, self.keys)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from deployments import metrics
 from deployments.messages import ChatRequest
 from deployments.tracing import tracer
 from toolspec.formats import ToolCall
@@ -41,6 +42,8 @@ class LibraryRemote(Protocol):
                              k: int) -> tuple[list[CallRecord], bool]: ...
 
     async def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int: ...
+
+    async def stats(self) -> dict[str, Any]: ...
 
 
 class LibraryCache:
@@ -99,6 +102,13 @@ class LibraryCache:
         if self._remote_up():
             self._spawn(self._send(request.tenant, [(c.name, dict(c.arguments)) for c in kept]))
 
+    async def ping(self) -> bool:
+        """Whether the retrieval actor answers now (within the timeout; a failure starts the
+        usual back-off)."""
+        if self.remote is None:
+            return False
+        return await self._call(self.remote.stats()) is not None
+
     async def drain(self) -> None:
         """Wait for the background fetches and sends started so far (tests, shutdown)."""
         if self._tasks:
@@ -120,14 +130,18 @@ class LibraryCache:
         return task
 
     async def _fetch(self, tenant: str, tools: Sequence[str]) -> None:
+        began = time.perf_counter()
         records = await self._call(self.remote.top_calls(tenant, list(tools), self.per_tool))
+        _record_lookup("prefetch", records, began)
         if records:
             self._keep(records)
 
     async def _fetch_matching(self, tenant: str, tool: str, typed: str, arguments_key: str
                               ) -> bool | None:
+        began = time.perf_counter()
         answer = await self._call(self.remote.matching_calls(tenant, tool, typed, arguments_key,
                                                              self.per_lookup))
+        _record_lookup("decode", None if answer is None else answer[0], began)
         if answer is None:
             return None
         records, complete = answer
@@ -146,7 +160,9 @@ class LibraryCache:
         self.fetched += len(fresh)
 
     async def _send(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
-        if await self._call(self.remote.add_calls(tenant, calls)) is not None:
+        stored = await self._call(self.remote.add_calls(tenant, calls)) is not None
+        metrics.record_library_add("stored" if stored else "failure", len(calls))
+        if stored:
             self.sent += len(calls)
 
     async def _call(self, awaitable: Any) -> Any:
@@ -159,3 +175,9 @@ class LibraryCache:
             logger.warning("retrieval actor unavailable (%s); decoding without it for %.0f s",
                            type(error).__name__, self.retry_after_s)
             return None
+
+
+def _record_lookup(kind: str, records: Sequence[CallRecord] | None, began: float) -> None:
+    """A call to the retrieval actor: it failed (None), brought calls (hit) or none (miss)."""
+    outcome = "failure" if records is None else "hit" if records else "miss"
+    metrics.record_library_lookup(kind, outcome, time.perf_counter() - began)

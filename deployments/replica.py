@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
+from deployments import metrics
 from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
 from deployments.decode_lookups import DecodeLookups
 from deployments.library_cache import LibraryCache
@@ -73,6 +74,7 @@ class ModelReplica:
         span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
                              "toolspec.prefix_reused": chat.prefix_reused,
                              "toolspec.constrained": chat.constrained})
+        metrics.record_prompt(chat.prompt_tokens, chat.prefix_reused)
         yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
                           chat.prefix_reused, chat.constrained)
         lookups = None
@@ -88,6 +90,9 @@ class ModelReplica:
                 first_step_s = now
             else:
                 record_step(step.stats, now, span)
+                metrics.record_step(step.stats.emitted, step.stats.nodes,
+                                    step.stats.accepted_by_source, step.stats.draft_s,
+                                    step.stats.verify_s)
             if lookups is not None:
                 lookups.observe(step.text, step.calls)  # starts a lookup at most; never waits
             if step.text or step.calls or step.generation is None:
@@ -103,6 +108,16 @@ class ModelReplica:
                 span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
                                      "toolspec.steps": len(generation.steps)})
                 yield _end(generation)
+
+    async def describe(self) -> dict[str, Any]:
+        """What this replica serves and how it is: the loaded model, its requests, and
+        whether the retrieval actor answers (``disabled``: drafting without a library)."""
+        library = "disabled"
+        if self.library is not None:
+            library = "reachable" if await self.library.ping() else "unreachable"
+        return {**self.engine.describe(), "replica": self.name,
+                "active_requests": self.scheduler.active, "served": self.served,
+                "library": library}
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
@@ -147,6 +162,9 @@ class ServeLibraryRemote:
     async def add_calls(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> int:
         return await self.handle.add_calls.remote(tenant, calls)
 
+    async def stats(self) -> dict[str, Any]:
+        return await self.handle.stats.remote()
+
 
 class ModelServer:
     """The Serve deployment class of model replicas.
@@ -180,6 +198,9 @@ class ModelServer:
     async def generate(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
         async for event in self.replica.generate(request):
             yield event
+
+    async def describe(self) -> dict[str, Any]:
+        return await self.replica.describe()
 
     def __del__(self) -> None:
         replica = getattr(self, "replica", None)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from deployments import metrics
 from toolspec.engine import StepOutcome
 from toolspec.generation import StepEvent
 
@@ -105,7 +106,9 @@ class BatchScheduler:
                 logger.exception("a batched step failed")
                 outcomes = [StepOutcome(error=error) for _ in batch]
             self.steps += 1
-            self.batched += sum(outcome is not None for outcome in outcomes)
+            stepped = sum(outcome is not None for outcome in outcomes)
+            self.batched += stepped
+            metrics.record_batch(stepped)
             finished = [entry for entry, outcome in zip(batch, outcomes)
                         if self._deliver(entry, outcome)]
             with self._wake:
@@ -115,6 +118,8 @@ class BatchScheduler:
                 if len(self._active) > self.max_batch:
                     served = [e for e in batch if e in self._active]
                     self._active = [e for e in self._active if e not in served] + served
+                active = len(self._active)
+            metrics.record_queue(min(active, self.max_batch), max(0, active - self.max_batch))
 
     def _drop_cancelled(self) -> None:
         """Close the jobs whose consumer left. Called with the lock held."""

@@ -10,7 +10,9 @@ session its own ``x-session-id`` — are sent by N concurrent clients for a fixe
 
 switched back to back by ``serve deploy`` of the same config with only the ModelServer's
 ``user_config.draft_budget`` changed (applied in place by ``ModelServer.reconfigure``). The
-modes alternate in order from level to level, so drift on a shared machine hits both.
+modes alternate in order from level to level, so drift on a shared machine hits both. The
+sessions repeat from level to level, so each level and mode runs as a tenant of its own (a cold
+call library and draft caches, as a new deployment would start), unless ``--shared-memory``.
 
 Per level and mode: completion tokens/s, requests/s, TTFT (the first content or tool-call
 fragment) and request latency p50/p99, mean tokens per verify step, failures. Writes
@@ -44,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "load_tests"))
 from sessions import bfcl_sessions, dialogue_sessions  # noqa: E402
 
+TENANT_HEADER = "x-toolspec-tenant"  # serve_config.yaml's tenant_header
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -69,14 +73,17 @@ def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0) -> list[dict[st
 
 
 def stream_request(client: httpx.Client, url: str, payload: dict[str, Any], session: str,
-                   mode: str, concurrency: int) -> RequestRecord:
+                   mode: str, concurrency: int, tenant: str | None = None) -> RequestRecord:
     """One streamed request: when its first content or tool-call fragment came, when it ended,
     its usage and the ``toolspec`` extension of its last chunk."""
     started = time.perf_counter()
     ttft, tokens, mat, status, prefilled = None, 0, 0.0, 0, 0
     try:
+        headers = {"x-session-id": session}
+        if tenant is not None:
+            headers[TENANT_HEADER] = tenant
         with client.stream("POST", f"{url}/v1/chat/completions", json=payload, timeout=600,
-                           headers={"x-session-id": session}) as response:
+                           headers=headers) as response:
             status = response.status_code
             for line in response.iter_lines():
                 if not line.startswith("data: {"):
@@ -103,9 +110,10 @@ def stream_request(client: httpx.Client, url: str, payload: dict[str, Any], sess
 
 
 def run_level(url: str, model: str, sessions: list[dict[str, Any]], mode: str,
-              concurrency: int, seconds: float, max_tokens: int) -> list[RequestRecord]:
+              concurrency: int, seconds: float, max_tokens: int,
+              tenant: str | None = None) -> list[RequestRecord]:
     """``concurrency`` clients replaying sessions turn by turn until ``seconds`` have passed
-    (requests in flight then finish)."""
+    (requests in flight then finish), as ``tenant`` (None: the deployment's default)."""
     records: list[RequestRecord] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + seconds
@@ -123,7 +131,8 @@ def run_level(url: str, model: str, sessions: list[dict[str, Any]], mode: str,
                     payload = {"model": model, "messages": messages, "tools": session["tools"],
                                "max_tokens": max_tokens, "stream": True, "temperature": 0,
                                "stream_options": {"include_usage": True}}
-                    record = stream_request(client, url, payload, session_id, mode, concurrency)
+                    record = stream_request(client, url, payload, session_id, mode, concurrency,
+                                            tenant)
                     with lock:
                         records.append(record)
                     if record.status != 200:
@@ -225,7 +234,11 @@ def goals(levels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
         ratio = ours[8]["completion_tokens_per_s"] / ours[1]["completion_tokens_per_s"]
         lines.append(f"toolspec throughput at 8 / at 1: {ratio:.2f}x (goal >= 4x)")
         ttft = ours[8]["ttft_p99_s"] / ours[1]["ttft_p50_s"]
-        lines.append(f"toolspec p99 TTFT at 8 / single-session TTFT: {ttft:.2f}x (goal <= 3x)")
+        lines.append(f"toolspec p99 TTFT at 8 / single-session median TTFT: {ttft:.2f}x "
+                     f"(goal <= 3x)")
+        ttft = ours[8]["ttft_p99_s"] / ours[1]["ttft_p99_s"]
+        lines.append(f"toolspec p99 TTFT at 8 / single-session p99 TTFT: {ttft:.2f}x "
+                     f"(the goal read p99 for p99)")
     if 8 in ours and 8 in plain:
         ratio = ours[8]["completion_tokens_per_s"] / plain[8]["completion_tokens_per_s"]
         lines.append(f"toolspec / plain throughput at 8: {ratio:.2f}x (goal >= 2x)")
@@ -249,6 +262,11 @@ def main() -> int:
                              "simple_python:20 and multiple:20)")
     parser.add_argument("--no-switch", action="store_true",
                         help="measure the deployment as it is (one mode, named by --modes)")
+    parser.add_argument("--shared-memory", action="store_true",
+                        help="send every level as the deployment's default tenant, so the call "
+                             "library and draft caches learned in earlier levels serve later "
+                             "ones (default: each level and mode a fresh tenant, all starting "
+                             "cold)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "concurrency")
     args = parser.parse_args()
     host = urllib.parse.urlparse(args.url).hostname
@@ -262,14 +280,18 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     records: list[RequestRecord] = []
     summary: dict[str, dict[int, dict[str, Any]]] = {mode: {} for mode in modes}
+    run_id = uuid.uuid4().hex[:8]
     try:
         for number, level in enumerate(levels):
             for mode in (modes if number % 2 == 0 else modes[::-1]):
                 if not args.no_switch:
                     switch_mode(args.config, 0 if mode == "plain" else budget, args.url,
                                 args.model)
+                # The sessions repeat from level to level: a tenant of its own keeps what
+                # ToolSpec's memory learned of their answers in one run from drafting another.
+                tenant = None if args.shared_memory else f"load-{mode}-{level}-{run_id}"
                 level_records = run_level(args.url, args.model, sessions, mode, level,
-                                          args.seconds, args.max_tokens)
+                                          args.seconds, args.max_tokens, tenant)
                 records += level_records
                 summary[mode][level] = summarize(level_records)
                 print(f"{mode:>9} x{level:<3} {json.dumps(summary[mode][level])}", flush=True)

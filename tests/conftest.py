@@ -26,6 +26,8 @@ def ray_serve():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # The raylet gives its agents 30 s to start, too short on 2 loaded cores.
     os.environ.setdefault("RAY_agent_register_timeout_ms", "300000")
+    # Workers push metrics to the node's exporter every 2 s (default 10 s): a test scrapes them.
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
     root = Path(__file__).parent.parent
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(root), str(root / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])

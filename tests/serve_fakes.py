@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 from deployments.chat_engine import ChatStream, EngineSettings
 from deployments.messages import ChatRequest, ReplicaEvent
@@ -42,6 +43,9 @@ class ScriptedChatEngine:
 
     def apply(self, settings: EngineSettings) -> None:
         self.settings = settings
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "toy-model", "dtype": "float32", "context_tokens": 4096}
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         self.requests.append(request)
@@ -140,6 +144,12 @@ class LocalModelClient:
     async def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
         async for event in self.replica.generate(request):
             yield event
+
+    async def describe(self) -> dict[str, Any]:
+        return await self.replica.describe()
+
+    async def deployments(self) -> dict[str, Any] | None:
+        return None  # not under Serve
 
 
 class ProbingChatEngine(ScriptedChatEngine):

@@ -4,13 +4,15 @@ exactly ``cluster/serve_config.gpu.yaml``, a valid Serve config of the same appl
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
+from ray.util.metrics import Metric
 
-from deployments import AppConfig
+from deployments import AppConfig, metrics
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "cluster"
@@ -25,7 +27,14 @@ def test_ray_up_config_passes_the_autoscaler_schema() -> None:
 
 
 def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
-    manifest = yaml.safe_load((CLUSTER / "rayservice.yaml").read_text())
+    documents = list(yaml.safe_load_all((CLUSTER / "rayservice.yaml").read_text()))
+    manifest = documents[0]
+    claim = documents[1]
+    assert claim["kind"] == "PersistentVolumeClaim"
+    head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in head["volumes"]}
+    assert volumes["library"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert manifest["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
     assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayService")
     embedded = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     assert embedded == yaml.safe_load((CLUSTER / "serve_config.gpu.yaml").read_text())
@@ -45,3 +54,15 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     # The library actor's custom resource exists on the head (KubeRay wants a quoted JSON).
     head_resources = json.loads(json.loads(cluster["headGroupSpec"]["rayStartParams"]["resources"]))
     assert set(deployments["CallLibraryService"].ray_actor_options.resources) <= set(head_resources)
+
+
+def test_the_grafana_dashboard_shows_every_metric_the_deployment_exports() -> None:
+    exported = {value._name for value in vars(metrics).values() if isinstance(value, Metric)}
+    dashboard = json.loads((CLUSTER / "grafana-toolspec.json").read_text())
+    queried = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            for name in re.findall(r"ray_(toolspec_\w+)", target["expr"]):
+                queried.add(re.sub(r"_(total|bucket|sum|count)$", "", name))
+    assert queried == exported

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
-from deployments.messages import ReplicaUnavailableError
+from deployments.messages import ReplicaUnavailableError, StreamStart
 from deployments.replica import ModelReplica
 from serve_fakes import LocalModelClient, ScriptedChatEngine, fixed
 
@@ -306,6 +306,12 @@ class DownClient:
         raise ReplicaUnavailableError("replica died")
         yield  # an async generator that fails on first use
 
+    async def describe(self) -> dict[str, Any]:
+        raise ReplicaUnavailableError("replica died")
+
+    async def deployments(self) -> None:
+        return None
+
 
 def test_unavailable_replica_is_a_503_error_object_in_both_modes() -> None:
     client = TestClient(create_api(DownClient(), AdmissionPolicy((MODEL,))))
@@ -317,7 +323,60 @@ def test_unavailable_replica_is_a_503_error_object_in_both_modes() -> None:
 
 def test_models_health_and_unknown_routes() -> None:
     client = make_client(ScriptedChatEngine())
-    assert client.get("/health").json() == {"status": "ok"}
-    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL]
+    health = client.get("/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "library": "disabled", "model": {
+        "model": "toy-model", "dtype": "float32", "context_tokens": 4096}}
+    listed = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == [MODEL]
+    assert listed[0]["root"] == "toy-model" and listed[0]["max_model_len"] == 4096
+    down = TestClient(create_api(DownClient(), AdmissionPolicy((MODEL,))))
+    assert down.get("/health").status_code == 503
+    assert down.get("/health").json()["status"] == "unavailable"
+    assert [m["id"] for m in down.get("/v1/models").json()["data"]] == [MODEL]
     missing = client.get("/v1/nothing")
     assert missing.status_code == 404 and "error" in missing.json()
+
+
+class FlakyClient:
+    """The first ``failures`` requests find their replica dead; later ones are answered by
+    ``replica``. Records the requests it was given."""
+
+    def __init__(self, replica: ModelReplica, failures: int) -> None:
+        self.local = LocalModelClient(replica)
+        self.failures = failures
+        self.requests: list[Any] = []
+
+    async def stream(self, request: Any) -> Any:
+        self.requests.append(request)
+        if len(self.requests) <= self.failures:
+            yield StreamStart("hermes", 11, "replica-0")
+            raise ReplicaUnavailableError("RayActorError: the actor died unexpectedly")
+        async for event in self.local.stream(request):
+            yield event
+
+    async def describe(self) -> dict[str, Any]:
+        return await self.local.describe()
+
+    async def deployments(self) -> None:
+        return None
+
+
+def test_a_request_whose_replica_dies_is_retried_once_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("deployments.api.RETRY_PAUSE_S", 0.0)
+    flaky = FlakyClient(ModelReplica(ScriptedChatEngine(), name="replica-1"), failures=1)
+    client = TestClient(create_api(flaky, AdmissionPolicy((MODEL,))))
+    response = client.post("/v1/chat/completions", json=body(),
+                           headers={"x-session-id": "s-1"})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"]
+    assert [r.session_id for r in flaky.requests] == ["s-1", None]  # its KV died with it
+    twice = FlakyClient(ModelReplica(ScriptedChatEngine(), name="replica-1"), failures=2)
+    client = TestClient(create_api(twice, AdmissionPolicy((MODEL,))))
+    response = client.post("/v1/chat/completions", json=body())
+    assert response.status_code == 503 and len(twice.requests) == 2  # once, not forever
+    streamed = FlakyClient(ModelReplica(ScriptedChatEngine(), name="replica-1"), failures=1)
+    client = TestClient(create_api(streamed, AdmissionPolicy((MODEL,))))
+    events = sse_events(client.post("/v1/chat/completions", json=body(stream=True)))
+    assert events[-2]["error"]["code"] == "replica_unavailable" and events[-1] == "[DONE]"
+    assert len(streamed.requests) == 1  # a stream already sent its start: no retry

@@ -74,6 +74,44 @@ def test_the_tenant_header_reaches_the_shared_library(scripted_app: str) -> None
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_tenant"
 
 
+METRICS = ("toolspec_requests", "toolspec_admission_refusals",
+           "toolspec_time_to_first_token_seconds", "toolspec_inter_token_latency_seconds",
+           "toolspec_tokens_per_step", "toolspec_accepted_draft_tokens", "toolspec_draft_seconds",
+           "toolspec_verify_seconds", "toolspec_batch_size", "toolspec_active_requests",
+           "toolspec_prompt_tokens", "toolspec_library_lookups",
+           "toolspec_library_lookup_seconds")
+
+
+def test_health_models_and_metrics_of_a_real_deployment(scripted_app: str) -> None:
+    """/health reports each deployment as Serve sees it; /v1/models what the replicas
+    loaded; the application metrics reach the node's Prometheus endpoint (Ray's exporter)."""
+    health = httpx.get(f"{scripted_app}/health", timeout=60)
+    assert health.status_code == 200, health.text
+    report = health.json()
+    assert report["status"] == "ok" and report["library"] == "reachable"
+    assert report["deployments"]["ModelServer"]["replicas"] == {"RUNNING": 2}
+    assert report["model"]["model"] == "toy-model"
+    listed = httpx.get(f"{scripted_app}/v1/models", timeout=60).json()["data"]
+    assert listed[0]["root"] == "toy-model" and listed[0]["max_model_len"] == 4096
+    chat(scripted_app, "metrics-1")
+    with httpx.stream("POST", f"{scripted_app}/v1/chat/completions", timeout=60, json={
+            "model": "qwen2.5-coder-0.5b", "tools": [WEATHER], "stream": True,
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}]}) as streamed:
+        assert streamed.status_code == 200 and "[DONE]" in streamed.read().decode()
+    assert post(scripted_app, tenant="not a tenant").status_code == 400
+    metrics_url = f"http://127.0.0.1:{ray.nodes()[0]['MetricsExportPort']}/metrics"
+    deadline, missing = time.monotonic() + 120, set(METRICS)
+    while missing:  # workers push their metrics to the node's agent every few seconds
+        assert time.monotonic() < deadline, f"never exported: {sorted(missing)}"
+        time.sleep(2)
+        try:
+            text = httpx.get(metrics_url, timeout=10).text
+        except httpx.HTTPError:
+            continue
+        missing = {name for name in missing if f"ray_{name}" not in text}
+    assert 'status="400"' in text and 'reason="invalid_tenant"' in text
+
+
 def test_requests_succeed_with_the_retrieval_actor_dead(scripted_app: str) -> None:
     names = [a for a in ray.util.list_named_actors(all_namespaces=True)
              if "CallLibraryService" in a["name"] and "scripted" in a["name"]]

@@ -91,7 +91,8 @@ class Engine:
         self.budget = budget
         self.draft_at_prefill = draft_at_prefill
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.last_step: StepReport | None = None  # the latest step's report (diagnostics)
+        # The latest step's report (diagnostics; None when it ran no forward).
+        self.last_step: StepReport | None = None
         self.stop_token_ids = frozenset(
             stop_token_ids if stop_token_ids is not None else default_stop_token_ids(model, tokenizer)
         )
@@ -176,6 +177,7 @@ class Engine:
         the others go on. Mutates: the jobs, their caches, the budget's statistics.
         """
         began = time.perf_counter()
+        self.last_step = None
         outcomes: list[StepOutcome | None] = [None] * len(jobs)
         chunks = self._prompt_rows(jobs, prefill_rows)
         drafting = [i for i, chunk in enumerate(chunks) if chunk is None]
