@@ -7,6 +7,8 @@ process that uses them, and one owner keeps writers serialised).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,22 +19,36 @@ from toolspec.library.records import STYLES
 from toolspec.models import toolspec_home
 
 
+logger = logging.getLogger(f"ray.serve.{__name__}")  # into the actor's Serve log
+
+
 def default_library_path() -> str:
     return str(toolspec_home() / "serve-library")
 
 
 class LibraryService:
-    """Serves ``top_calls`` and takes ``add_calls``. Mutates: the library on disk."""
+    """Serves ``top_calls`` and ``matching_calls`` and takes ``add_calls``, concurrently: the
+    LMDB work runs on worker threads (readers do not wait for each other; LMDB serialises the
+    writers of each shard). The calls a decode-time lookup served are marked used (their LRU
+    place moves up), in a batch every ``touch_every_s``. Mutates: the library on disk."""
 
     def __init__(self, path: str | None = None, shards: int | None = None,
-                 max_calls: int | None = 100_000, seed_file: str | None = None) -> None:
+                 max_calls: int | None = 100_000, seed_file: str | None = None,
+                 touch_every_s: float = 2.0) -> None:
         self.path = Path(path or default_library_path())
         self.library = CallLibrary(self.path, shards=shards, max_calls=max_calls)
         if seed_file and self.library.stats().calls == 0:
             self.library.import_file(seed_file)
+        self.touch_every_s = touch_every_s
+        self._used: dict[bytes, CallRecord] = {}  # served by lookups since the last flush
+        self._flusher: asyncio.Task | None = None
 
-    def top_calls(self, tenant: str, tools: Sequence[str], per_tool: int) -> list[CallRecord]:
+    async def top_calls(self, tenant: str, tools: Sequence[str], per_tool: int
+                        ) -> list[CallRecord]:
         """The ``per_tool`` most used calls of each of ``tools`` for ``tenant``."""
+        return await asyncio.to_thread(self._top_calls, tenant, tools, per_tool)
+
+    def _top_calls(self, tenant: str, tools: Sequence[str], per_tool: int) -> list[CallRecord]:
         records: list[CallRecord] = []
         for tool in tools:
             try:
@@ -41,12 +57,19 @@ class LibraryService:
                 continue  # e.g. a tool name the library cannot store: nothing to offer
         return records
 
-    def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str, k: int
-                       ) -> tuple[list[CallRecord], bool]:
+    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
+                             k: int) -> tuple[list[CallRecord], bool]:
         """Up to ``k`` of ``tenant``'s calls of ``tool`` whose call-object text extends
         ``typed`` (the call written so far, from its ``{``), in whichever JSON spacing
         ``typed`` is written. Also whether that is all of them (fewer than ``k`` matched in
         every spacing): then no longer ``typed`` can match a call not returned."""
+        records, complete = await asyncio.to_thread(self._matching_calls, tenant, tool, typed,
+                                                    arguments_key, k)
+        self._note_used(records)
+        return records, complete
+
+    def _matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str, k: int
+                        ) -> tuple[list[CallRecord], bool]:
         found: dict[bytes, CallRecord] = {}
         complete = True
         for style in STYLES.values():
@@ -59,13 +82,29 @@ class LibraryService:
                 found.setdefault(match.record.record_id, match.record)
         return list(found.values()), complete
 
-    def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int:
-        """Store finished calls (name, arguments); returns how many were stored."""
-        return self.library.add_many((ToolCall(name, arguments), tenant)
-                                     for name, arguments in calls)
+    def _note_used(self, records: Sequence[CallRecord]) -> None:
+        for record in records:
+            self._used[record.record_id] = record
+        if self._used and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
-    def stats(self) -> dict[str, Any]:
-        stats = self.library.stats()
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.touch_every_s)
+        used, self._used = list(self._used.values()), {}
+        try:
+            await asyncio.to_thread(self.library.touch, used)
+        except LibraryError as error:  # the LRU order is a hint: never fail a lookup for it
+            logger.warning("lookups' calls not marked used: %s", error)
+
+    async def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int:
+        """Store finished calls (name, arguments); returns how many were stored (committed,
+        fsynced, before this returns)."""
+        return await asyncio.to_thread(self.library.add_many,
+                                       [(ToolCall(name, arguments), tenant)
+                                        for name, arguments in calls])
+
+    async def stats(self) -> dict[str, Any]:
+        stats = await asyncio.to_thread(self.library.stats)
         return {"calls": stats.calls, "tenants": stats.tenants, "tools": stats.tools,
                 "path": str(self.path)}
 

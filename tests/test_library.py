@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -289,9 +290,43 @@ def test_import_apibank_and_jsonl_then_export_round_trip(tmp_path: Path,
     assert library.export(out) == library.stats().calls
     with CallLibrary(tmp_path / "copy", shards=2) as copy:
         assert copy.import_file(out) == library.stats().calls
-        def calls(lib: CallLibrary) -> set[tuple[str, str, str]]:
-            return {(r.tenant, r.tool, r.canonical) for r in lib.records()}
-        assert calls(copy) == calls(library)
+        def calls(lib: CallLibrary) -> set[tuple[str, str, str, int, float, float]]:
+            return {(r.tenant, r.tool, r.canonical, r.hits, r.first_seen, r.last_used)
+                    for r in lib.records()}
+        assert calls(copy) == calls(library)  # hits and times come along
+
+
+def test_an_import_keeps_hits_and_times_and_adds_to_a_stored_call(tmp_path: Path) -> None:
+    with CallLibrary(tmp_path / "lib", shards=2, clock=lambda: 5_000.0) as library:
+        for _ in range(3):
+            library.add(ToolCall("f", {"x": 1}), "t", when=1_000.0)
+        library.add(ToolCall("f", {"x": 1}), "t", when=2_000.0)
+        export = tmp_path / "export.jsonl"
+        library.export(export)
+        [line] = [json.loads(row) for row in export.read_text().splitlines()]
+        assert (line["hits"], line["first_seen"], line["last_used"]) == (4, 1_000.0, 2_000.0)
+        with CallLibrary(tmp_path / "copy", shards=4, clock=lambda: 9_000.0) as copy:
+            copy.add(ToolCall("f", {"x": 1}), "t", when=3_000.0)  # already known there once
+            copy.import_file(export)
+            [record] = copy.records()
+            assert (record.hits, record.first_seen, record.last_used) == (5, 1_000.0, 3_000.0)
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({**line, "hits": 0}) + "\n")
+        with pytest.raises(LibraryImportError, match="hits"):
+            library.import_file(bad)
+
+
+def test_a_lookup_refreshes_a_calls_place_in_the_lru_order(tmp_path: Path) -> None:
+    with CallLibrary(tmp_path / "lib", shards=2, max_calls=2, sync=False) as library:
+        old = library.add(ToolCall("f", {"x": "old"}), "t", when=1_000.0)
+        library.add(ToolCall("f", {"x": "mid"}), "t", when=2_000.0)
+        assert library.touch([old], when=3_000.0) == 1  # a lookup served it
+        [touched] = [r for r in library.records() if r.arguments["x"] == "old"]
+        assert (touched.hits, touched.last_used) == (1, 3_000.0)  # used, not one more hit
+        library.add(ToolCall("f", {"x": "new"}), "t", when=4_000.0)  # over the cap: evict one
+        assert {r.arguments["x"] for r in library.records()} == {"old", "new"}
+        assert library.top_calls("t", 1)[0].arguments == {"x": "new"}  # ties: most recent
+        assert library.touch([replace(old, canonical="{}")]) == 0  # not stored: skipped
 
 
 def test_import_errors_name_the_file_and_line(tmp_path: Path, library: CallLibrary) -> None:

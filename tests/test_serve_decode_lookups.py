@@ -37,16 +37,16 @@ class SlowRemote:
         self.asked: list[str] = []
 
     async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[CallRecord]:
-        return self.service.top_calls(tenant, tools, per_tool)
+        return await self.service.top_calls(tenant, tools, per_tool)
 
     async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
                              k: int) -> tuple[list[CallRecord], bool]:
         self.asked.append(typed)
         await self.release.wait()
-        return self.service.matching_calls(tenant, tool, typed, arguments_key, k)
+        return await self.service.matching_calls(tenant, tool, typed, arguments_key, k)
 
     async def add_calls(self, tenant: str, calls: list[Any]) -> int:
-        return self.service.add_calls(tenant, calls)
+        return await self.service.add_calls(tenant, calls)
 
 
 def service_with(tmp_path: Path, cities: dict[str, int]) -> LibraryService:
@@ -175,8 +175,27 @@ def test_with_the_actor_down_no_lookup_is_tried_and_decoding_finishes(tmp_path: 
 def test_the_actor_answers_the_calls_extending_the_typed_text_in_its_spacing(
         tmp_path: Path, tool: str, typed: str, cities: Any, complete: bool) -> None:
     service = service_with(tmp_path, {"Oslo": 1, "Bergen": 1, "Paris": 1})
-    records, every_match = service.matching_calls("default", tool, typed, "arguments", 2)
+    records, every_match = asyncio.run(
+        service.matching_calls("default", tool, typed, "arguments", 2))
     found = sorted(record.arguments["city"] for record in records)
     assert every_match is complete
     assert len(found) == cities if isinstance(cities, int) else found == cities
-    assert service.matching_calls("acme", tool, typed, "arguments", 2) == ([], True)
+    assert asyncio.run(service.matching_calls("acme", tool, typed, "arguments", 2)) == ([], True)
+
+
+def test_the_actor_marks_the_calls_a_lookup_served_as_used(tmp_path: Path) -> None:
+    service = service_with(tmp_path, {"Oslo": 1, "Paris": 1})
+    before = {r.arguments["city"]: r.last_used for r in service.library.records()}
+    service.library.clock = lambda: max(before.values()) + 100.0
+    service.touch_every_s = 0.0
+
+    async def lookup() -> None:
+        await service.matching_calls("default", "get_weather",
+                                     '{"name": "get_weather", "arguments": {"city": "O',
+                                     "arguments", 4)
+        await service._flusher  # the batch of used calls is written
+
+    asyncio.run(lookup())
+    after = {r.arguments["city"]: (r.last_used, r.hits) for r in service.library.records()}
+    assert after["Oslo"] == (max(before.values()) + 100.0, 1)  # used now, no extra hit
+    assert after["Paris"] == (before["Paris"], 1)  # not served: untouched

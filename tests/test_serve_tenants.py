@@ -102,14 +102,14 @@ class ServiceRemote:
         self.service = service
 
     async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[CallRecord]:
-        return self.service.top_calls(tenant, tools, per_tool)
+        return await self.service.top_calls(tenant, tools, per_tool)
 
     async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
                              k: int) -> tuple[list[CallRecord], bool]:
-        return self.service.matching_calls(tenant, tool, typed, arguments_key, k)
+        return await self.service.matching_calls(tenant, tool, typed, arguments_key, k)
 
     async def add_calls(self, tenant: str, calls: list[Any]) -> int:
-        return self.service.add_calls(tenant, calls)
+        return await self.service.add_calls(tenant, calls)
 
 
 def test_one_tenants_calls_are_never_drafted_for_another(tmp_path: Path) -> None:
@@ -126,9 +126,9 @@ def test_one_tenants_calls_are_never_drafted_for_another(tmp_path: Path) -> None
     assert globex == [[], []]  # acme's Oslo is in the replica's view, not offered to globex
     assert acme_again == [['Oslo"}}'], ['Oslo"}}']]
     # The shared library holds the calls under their tenants; neither sees the other's.
-    assert [r.arguments for r in service.top_calls("acme", ["get_weather"], 8)] \
+    assert [r.arguments for r in asyncio.run(service.top_calls("acme", ["get_weather"], 8))] \
         == [{"city": "Oslo"}]
-    assert [r.arguments for r in service.top_calls("globex", ["get_weather"], 8)] \
+    assert [r.arguments for r in asyncio.run(service.top_calls("globex", ["get_weather"], 8))] \
         == [{"city": "Oslo"}]  # globex's own (identical) call, its own record
     records = {(r.tenant, r.arguments["city"]) for r in service.library.records()}
     assert records == {("acme", "Oslo"), ("globex", "Oslo")}

@@ -14,16 +14,17 @@ import lmdb
 
 from toolspec.formats import ToolCall
 from toolspec.library import keys
-from toolspec.library.records import (ARGUMENT_KEYS, STYLES, CallRecord, canonical_arguments,
-                                      check_tokens, check_tool, new_record, pack_record,
-                                      record_id, tool_tag, unpack_record)
+from toolspec.library.records import (ARGUMENT_KEYS, STYLES, CallRecord, Usage,
+                                      canonical_arguments, check_tokens, check_tool, new_record,
+                                      pack_record, record_id, tool_tag, unpack_record)
 
 Dbs = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class PendingCall:
-    """A validated call on its way into a shard (computed outside any transaction)."""
+    """A validated call on its way into a shard (computed outside any transaction);
+    ``usage``: its earlier use, when it comes from an export."""
 
     tenant: str
     tenant_key: bytes
@@ -32,34 +33,56 @@ class PendingCall:
     rid: bytes
     shard: int
     tokens: Mapping[str, tuple[int, ...]]
+    usage: Usage | None = None
 
 
 def prepare(call: ToolCall, tenant: str, tokens: Mapping[str, Any] | None,
-            shards: int) -> PendingCall:
+            shards: int, usage: Usage | None = None) -> PendingCall:
     """Validates ``call`` for ``tenant``; raises InvalidCallError / InvalidTenantError."""
     tenant_key = keys.check_tenant(tenant)
     tool = check_tool(getattr(call, "name", None))
     canonical = canonical_arguments(getattr(call, "arguments", None))
     return PendingCall(tenant, tenant_key, call, canonical, record_id(tenant, tool, canonical),
-                       keys.shard_of(tenant, tool, shards), check_tokens(tokens))
+                       keys.shard_of(tenant, tool, shards), check_tokens(tokens), usage)
 
 
 def store_call(txn: lmdb.Transaction, dbs: Dbs, pending: PendingCall, when: float,
                half_life_s: float) -> CallRecord:
-    """Inserts ``pending`` as a new record, or counts a hit on the identical stored call."""
+    """Inserts ``pending`` as a new record, or counts a hit on the identical stored call (its
+    usage's hits, for an imported one; an imported call keeps its last use, not ``when``)."""
+    usage = pending.usage
+    if usage is not None and usage.last_used is not None:
+        when = usage.last_used
     raw = txn.get(pending.rid, db=dbs["records"])
     old = unpack_record(raw) if raw is not None else None
     if old is None:
-        record = new_record(pending.tenant, pending.call, pending.canonical, when, pending.tokens)
+        record = new_record(pending.tenant, pending.call, pending.canonical, when, pending.tokens,
+                            usage)
         key = keys.tool_key(pending.tenant_key, record.tool)
         count = txn.get(key, db=dbs["tools"])
         txn.put(key, keys.pack_count(keys.unpack_count(count) + 1 if count else 1),
                 db=dbs["tools"])
     else:
-        record = old.hit(when, pending.tokens)
+        record = old.hit(when, pending.tokens, usage)
     txn.put(pending.rid, pack_record(record), db=dbs["records"])
     _write_indexes(txn, dbs, record, pending.rid, pending.tenant_key, old, half_life_s)
     return record
+
+
+def touch_record(txn: lmdb.Transaction, dbs: Dbs, rid: bytes, when: float,
+                 half_life_s: float) -> bool:
+    """Marks the stored record ``rid`` used at ``when`` (its LRU place and ranking move, its
+    hits do not); False if it is gone."""
+    raw = txn.get(rid, db=dbs["records"])
+    if raw is None:
+        return False
+    old = unpack_record(raw)
+    record = old.used(when)
+    if record.last_used == old.last_used:
+        return True
+    txn.put(rid, pack_record(record), db=dbs["records"])
+    _write_indexes(txn, dbs, record, rid, keys.check_tenant(record.tenant), old, half_life_s)
+    return True
 
 
 def _text_keys(record: CallRecord, tenant_key: bytes, rid: bytes) -> list[bytes]:

@@ -146,17 +146,38 @@ class CallRecord:
         """hits × 2^(-age / half-life): frequent and recent calls rank first."""
         return self.hits * 0.5 ** (max(0.0, now - self.last_used) / half_life_s)
 
-    def hit(self, when: float, tokens: Mapping[str, tuple[int, ...]]) -> CallRecord:
-        """A copy used once more at ``when`` (token ids given now replace stored ones)."""
-        return replace(self, hits=self.hits + 1, last_used=max(self.last_used, when),
-                       tokens={**self.tokens, **tokens})
+    def hit(self, when: float, tokens: Mapping[str, tuple[int, ...]],
+            usage: Usage | None = None) -> CallRecord:
+        """A copy used once more at ``when`` (token ids given now replace stored ones); with
+        ``usage`` (an imported record's), its hits are added and its times kept."""
+        hits, first = (usage.hits, usage.first_seen) if usage is not None else (1, None)
+        return replace(self, hits=self.hits + hits, last_used=max(self.last_used, when),
+                       first_seen=min(self.first_seen, first) if first is not None
+                       else self.first_seen, tokens={**self.tokens, **tokens})
+
+    def used(self, when: float) -> CallRecord:
+        """A copy last used at ``when`` (a lookup served it), its hits unchanged."""
+        return replace(self, last_used=max(self.last_used, when))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """How often and when a call was used before it came here (an export's record)."""
+
+    hits: int = 1
+    first_seen: float | None = None
+    last_used: float | None = None
 
 
 def new_record(tenant: str, call: ToolCall, canonical: str, when: float,
-               tokens: Mapping[str, tuple[int, ...]]) -> CallRecord:
+               tokens: Mapping[str, tuple[int, ...]], usage: Usage | None = None) -> CallRecord:
+    """A record first seen at ``when``, or as ``usage`` says (then ``when`` is its last use)."""
+    hits = usage.hits if usage is not None else 1
+    first = usage.first_seen if usage is not None and usage.first_seen is not None else when
     return CallRecord(tenant=tenant, tool=call.name, canonical=canonical,
                       arguments=dict(call.arguments), renderings=render_all(call),
-                      tokens=dict(tokens), hits=1, first_seen=when, last_used=when)
+                      tokens=dict(tokens), hits=hits, first_seen=min(first, when),
+                      last_used=when)
 
 
 def pack_record(record: CallRecord) -> bytes:

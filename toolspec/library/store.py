@@ -19,12 +19,13 @@ from types import TracebackType
 from toolspec.formats import DEFAULT_STYLE, JsonStyle, ToolCall
 from toolspec.library import keys, query, transfer
 from toolspec.library.errors import LibraryClosedError
-from toolspec.library.index import PendingCall, evict_lru, prepare, store_call
+from toolspec.library.index import PendingCall, evict_lru, prepare, store_call, touch_record
 from toolspec.library.metadata import open_metadata
 from toolspec.library.records import (CallRecord, LibraryMatch, LibraryStats, check_arguments_key,
                                       check_tokens, check_tool, rendering_slot, style_name,
                                       tool_tag, unpack_record)
 from toolspec.library.shards import EnvOptions, ShardEnv
+from toolspec.library.transfer import ImportedCall
 
 DEFAULT_MAP_SIZE = 256 * 2**20  # per shard, to start with; grows by doubling when full
 DEFAULT_SCAN_CAP = 512
@@ -105,9 +106,10 @@ class CallLibrary:
         self._enforce_cap()
         return record
 
-    def add_many(self, calls: Iterable[tuple[ToolCall, str]], when: float | None = None,
-                 batch_size: int = BATCH) -> int:
-        """Stores every (call, tenant) of ``calls``; returns how many were read.
+    def add_many(self, calls: Iterable[tuple[ToolCall, str] | ImportedCall],
+                 when: float | None = None, batch_size: int = BATCH) -> int:
+        """Stores every (call, tenant) of ``calls``; returns how many were read. An item may
+        carry a third element, its ``Usage`` (an export's hits and times, kept).
 
         Reads ``batch_size`` items at a time, validates them all, then commits one write
         transaction per shard touched. A batch is all or nothing per shard; earlier batches stay
@@ -118,8 +120,8 @@ class CallLibrary:
         while batch := list(islice(iterator, batch_size)):
             moment = keys.check_when(self.clock() if when is None else when)
             groups: dict[int, list[PendingCall]] = defaultdict(list)
-            for call, tenant in batch:
-                pending = prepare(call, tenant, None, self.shards)
+            for call, tenant, *usage in batch:
+                pending = prepare(call, tenant, None, self.shards, usage[0] if usage else None)
                 groups[pending.shard].append(pending)
             for shard, group in sorted(groups.items()):
                 shards[shard].write(lambda txn, dbs, group=group, moment=moment: [
@@ -127,6 +129,21 @@ class CallLibrary:
             total += len(batch)
             self._enforce_cap()
         return total
+
+    def touch(self, records: Iterable[CallRecord], when: float | None = None) -> int:
+        """Marks ``records`` used at ``when`` (default now) without a hit: a lookup served
+        them, so they move up the LRU order (and rank as recent). One write transaction per
+        shard touched; records evicted meanwhile are skipped. Returns how many were found."""
+        shards = self._shards()
+        moment = keys.check_when(self.clock() if when is None else when)
+        groups: dict[int, set[bytes]] = defaultdict(set)
+        for record in records:
+            groups[keys.shard_of(record.tenant, record.tool, self.shards)].add(record.record_id)
+        found = 0
+        for shard, rids in sorted(groups.items()):
+            found += sum(shards[shard].write(lambda txn, dbs, rids=rids: [
+                touch_record(txn, dbs, rid, moment, self.half_life_s) for rid in sorted(rids)]))
+        return found
 
     def _enforce_cap(self) -> None:
         """Evicts least-recently-used records until at most ``max_calls`` remain."""

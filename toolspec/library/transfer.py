@@ -8,7 +8,8 @@ Import reads two shapes:
   possibly given as a JSON string (OpenAI messages do that).
 
 Export writes JSON lines of ``{"tenant", "name", "arguments", "hits", "first_seen", "last_used"}``,
-which import reads back.
+which import reads back with their usage: a call keeps its hits and times across an export and
+an import (lines without them count as one use, now).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from toolspec.formats import ToolCall, parse_arguments_json
-from toolspec.library.errors import LibraryImportError
-from toolspec.library.records import CallRecord
+from toolspec.library.errors import InvalidCallError, LibraryImportError
+from toolspec.library.keys import check_when
+from toolspec.library.records import CallRecord, Usage
+
+ImportedCall = tuple[ToolCall, str, Usage | None]  # a call, its tenant, its earlier use
 
 
 def _call(obj: Any, where: str) -> ToolCall:
@@ -43,20 +47,41 @@ def _tenant(obj: dict[str, Any], default: str, where: str) -> str:
     return tenant
 
 
-def _from_list(records: list[Any], path: Path, tenant: str) -> Iterator[tuple[ToolCall, str]]:
+def _from_list(records: list[Any], path: Path, tenant: str) -> Iterator[ImportedCall]:
     for index, record in enumerate(records):
         where = f"{path}[{index}]"
         if isinstance(record, dict) and "answer" in record:  # API-Bank item
             answer = record["answer"]
             for call in answer if isinstance(answer, list) else [answer]:
-                yield _call(call, where), tenant
+                yield _call(call, where), tenant, None
         elif isinstance(record, dict):
-            yield _call(record, where), _tenant(record, tenant, where)
+            yield _call(record, where), _tenant(record, tenant, where), _usage(record, where)
         else:
             raise LibraryImportError(f"{where}: expected an API-Bank item or a call object")
 
 
-def _from_lines(text: str, path: Path, tenant: str) -> Iterator[tuple[ToolCall, str]]:
+def _usage(obj: dict[str, Any], where: str) -> Usage | None:
+    """The ``hits``, ``first_seen`` and ``last_used`` an exported line carries (None: none)."""
+    if not any(key in obj for key in ("hits", "first_seen", "last_used")):
+        return None
+    hits = obj.get("hits", 1)
+    if not isinstance(hits, int) or isinstance(hits, bool) or hits < 1:
+        raise LibraryImportError(f"{where}: 'hits' must be an integer >= 1, got {hits!r}")
+    times = []
+    for key in ("first_seen", "last_used"):
+        value = obj.get(key)
+        if value is not None:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise LibraryImportError(f"{where}: '{key}' must be seconds since the epoch")
+            try:
+                value = check_when(value)
+            except InvalidCallError as error:
+                raise LibraryImportError(f"{where}: {error}") from None
+        times.append(value)
+    return Usage(hits, *times)
+
+
+def _from_lines(text: str, path: Path, tenant: str) -> Iterator[ImportedCall]:
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -68,11 +93,12 @@ def _from_lines(text: str, path: Path, tenant: str) -> Iterator[tuple[ToolCall, 
                                      f"object per line or an API-Bank JSON list") from None
         if not isinstance(obj, dict):
             raise LibraryImportError(f"{where}: expected a call object, got {obj!r:.80}")
-        yield _call(obj, where), _tenant(obj, tenant, where)
+        yield _call(obj, where), _tenant(obj, tenant, where), _usage(obj, where)
 
 
-def read_calls(path: str | Path, tenant: str) -> list[tuple[ToolCall, str]]:
-    """Every (call, tenant) in ``path``; raises LibraryImportError naming the bad line/item."""
+def read_calls(path: str | Path, tenant: str) -> list[ImportedCall]:
+    """Every (call, tenant, usage) in ``path`` (usage None where the file gives none); raises
+    LibraryImportError naming the bad line/item."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
