@@ -210,9 +210,11 @@ async def _health(client: ModelClient, loaded: _LoadedModel) -> dict[str, Any]:
         deployments = None
     if deployments is not None:
         model_up = deployments.get(MODEL_DEPLOYMENT, {}).get("replicas", {}).get("RUNNING", 0) > 0
-        library_status = deployments.get(LIBRARY_DEPLOYMENT)
-        library = "disabled" if library_status is None else (
-            "reachable" if library_status["replicas"].get("RUNNING", 0) > 0 else "unreachable")
+        parts = [status for name, status in deployments.items()
+                 if name == LIBRARY_DEPLOYMENT or name.startswith(f"{LIBRARY_DEPLOYMENT}-")]
+        library = "disabled" if not parts else (
+            "reachable" if all(part["replicas"].get("RUNNING", 0) > 0 for part in parts)
+            else "unreachable")  # a part down: its tools are drafted without retrieval
         described = await loaded.get() if model_up else None
     else:
         described = await loaded.get(fresh=True)

@@ -21,6 +21,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from deployments.admission import AdmissionPolicy
+from deployments.api import LIBRARY_DEPLOYMENT
 from deployments.auth import ApiKeySource
 from deployments.chat_engine import EngineSettings
 from deployments.limits import AdmissionLimits
@@ -64,6 +65,9 @@ class LibraryConfig(_Strict):
     enabled: bool = True
     path: str | None = Field(None, description="default: $TOOLSPEC_HOME/serve-library")
     shards: int | None = None
+    actors: int = Field(1, ge=1, le=256, description="retrieval actors, each owning the shards "
+                                                     "s % actors == its index (deployments "
+                                                     "CallLibraryService-<i> when more than one)")
     max_calls: int | None = 100_000
     seed_file: str | None = Field(None, description="calls to import into an empty library")
     num_cpus: float = Field(0.5, ge=0)
@@ -141,13 +145,8 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
     real engine (tests)."""
     library = None
     if config.library.enabled:
-        library_deployment = serve.deployment(
-            LibraryService, name="CallLibraryService", num_replicas=1,
-            ray_actor_options={"num_cpus": config.library.num_cpus},
-            max_ongoing_requests=config.library.max_ongoing_requests,
-            max_queued_requests=config.library.max_queued_requests)
-        library = library_deployment.bind(config.library.path, config.library.shards,
-                                          config.library.max_calls, config.library.seed_file)
+        library = [library_part(config.library, index)
+                   for index in range(config.library.actors)]
     settings = config.engine_settings()
     router = RequestRouterConfig(request_router_class=SESSION_ROUTER) \
         if config.model.session_affinity else None
@@ -179,6 +178,22 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
     renderer = config.model.model if config.count_prompt_tokens_at_ingress else None
     keys = ApiKeySource(config.api_keys_file, config.api_keys_env)
     return ingress.bind(model, config.policy(), renderer, keys)
+
+
+def library_deployment_name(index: int, actors: int) -> str:
+    return LIBRARY_DEPLOYMENT if actors == 1 else f"{LIBRARY_DEPLOYMENT}-{index}"
+
+
+def library_part(config: LibraryConfig, index: int) -> Application:
+    """The retrieval actor owning part ``index`` of the library's shards (one replica: one
+    owner per shard keeps its writers serialised)."""
+    deployment = serve.deployment(
+        LibraryService, name=library_deployment_name(index, config.actors), num_replicas=1,
+        ray_actor_options={"num_cpus": config.num_cpus},
+        max_ongoing_requests=config.max_ongoing_requests,
+        max_queued_requests=config.max_queued_requests)
+    return deployment.bind(config.path, config.shards, config.max_calls, config.seed_file,
+                           part=(index, config.actors))
 
 
 def app_builder(args: dict[str, Any]) -> Application:

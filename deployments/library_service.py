@@ -1,8 +1,12 @@
-"""The retrieval actor: the one process that owns the shared call library (sharded LMDB).
+"""The retrieval actors: the processes that own the shared call library (sharded LMDB).
 
-Replicas ask it for the calls a request's tools are likely to need and send it every finished
-call; they never open the shared library themselves (LMDB environments must be opened in the
-process that uses them, and one owner keeps writers serialised).
+Replicas ask them for the calls a request's tools are likely to need and send them every
+finished call; they never open the shared library themselves (LMDB environments must be opened
+in the process that uses them, and one owner per shard keeps its writers serialised). With
+``library.actors: N`` each of N actors owns the shards ``s % N == i`` of one library directory
+— every call of one tool of one tenant lives in one shard, so in one actor — and a replica's
+``ShardedLibraryRemote`` sends each question to the actor that owns it, asking several at once
+where a question spans tools.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from toolspec.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
 from toolspec.library.records import STYLES
+from toolspec.library.transfer import read_calls
 from toolspec.models import toolspec_home
 
 
@@ -34,11 +39,15 @@ class LibraryService:
 
     def __init__(self, path: str | None = None, shards: int | None = None,
                  max_calls: int | None = 100_000, seed_file: str | None = None,
-                 touch_every_s: float = 2.0) -> None:
+                 touch_every_s: float = 2.0, part: tuple[int, int] = (0, 1)) -> None:
         self.path = Path(path or default_library_path())
-        self.library = CallLibrary(self.path, shards=shards, max_calls=max_calls)
+        count = part[1]
+        self.library = CallLibrary(self.path, shards=shards, part=part,
+                                   max_calls=None if max_calls is None
+                                   else -(-max_calls // count))  # this part's share of the cap
         if seed_file and self.library.stats().calls == 0:
-            self.library.import_file(seed_file)
+            self.library.add_many(entry for entry in read_calls(seed_file, "default")
+                                  if self.library.owns(entry[1], entry[0].name))
         self.touch_every_s = touch_every_s
         self._used: dict[bytes, CallRecord] = {}  # served by lookups since the last flush
         self._flusher: asyncio.Task | None = None
@@ -106,7 +115,8 @@ class LibraryService:
     async def stats(self) -> dict[str, Any]:
         stats = await asyncio.to_thread(self.library.stats)
         return {"calls": stats.calls, "tenants": stats.tenants, "tools": stats.tools,
-                "path": str(self.path)}
+                "path": str(self.path), "shards": self.library.shards,
+                "part": list(self.library.part)}
 
     def check_health(self) -> None:
         self.library.stats()  # raises if the environments cannot be read

@@ -16,6 +16,7 @@ from ray import serve
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
 from deployments.tool_stream import ToolCallStream
+from toolspec.library.keys import shard_of
 from toolspec.output import OutputParse
 from serve_fakes import fixed, scripted_factory
 
@@ -122,6 +123,31 @@ def test_requests_succeed_with_the_retrieval_actor_dead(scripted_app: str) -> No
         body = chat(scripted_app, f"after-kill-{i}")
         call = body["choices"][0]["message"]["tool_calls"][0]
         assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+
+
+def test_a_library_served_by_two_actors_keeps_each_call_with_its_owner(
+        ray_serve: str, tmp_path: Path) -> None:
+    config = AppConfig(model=ModelConfig(num_cpus=0),
+                       library=LibraryConfig(path=str(tmp_path / "library"), num_cpus=0,
+                                             actors=2))
+    serve.run(build_app(config, scripted_factory(fixed(CALL[:20], CALL[20:]))),
+              name="parts", route_prefix="/parts")
+    try:
+        base = f"{ray_serve}/parts"
+        assert post(base, "s-1", tenant="acme").status_code == 200
+        owner = shard_of("acme", "get_weather", 8) % 2
+        handles = [serve.get_deployment_handle(f"CallLibraryService-{i}", app_name="parts")
+                   for i in range(2)]
+        deadline = time.monotonic() + 120
+        while not handles[owner].top_calls.remote("acme", ["get_weather"], 4).result():
+            assert time.monotonic() < deadline, "the call never reached its owner"
+            time.sleep(0.5)
+        assert handles[1 - owner].stats.remote().result()["calls"] == 0
+        health = httpx.get(f"{base}/health", timeout=60).json()
+        assert health["library"] == "reachable"
+        assert {"CallLibraryService-0", "CallLibraryService-1"} <= set(health["deployments"])
+    finally:
+        serve.delete("parts")
 
 
 @pytest.mark.real_model

@@ -17,7 +17,8 @@ from __future__ import annotations
 from toolspec.library.errors import (InvalidCallError, InvalidTenantError, LibraryClosedError,
                                      LibraryError, LibraryFullError, LibraryImportError,
                                      NotALibraryError, SettingMismatchError,
-                                     ShardCountMismatchError, UnsupportedStyleError)
+                                     ShardCountMismatchError, ShardNotOwnedError,
+                                     UnsupportedStyleError)
 from toolspec.library.metadata import DEFAULT_SHARDS
 from toolspec.library.records import CallRecord, LibraryMatch, LibraryStats
 from toolspec.library.store import CallLibrary
@@ -26,5 +27,5 @@ __all__ = [
     "DEFAULT_SHARDS", "CallLibrary", "CallRecord", "InvalidCallError", "InvalidTenantError",
     "LibraryClosedError", "LibraryError", "LibraryFullError", "LibraryImportError",
     "LibraryMatch", "LibraryStats", "NotALibraryError", "SettingMismatchError",
-    "ShardCountMismatchError", "UnsupportedStyleError",
+    "ShardCountMismatchError", "ShardNotOwnedError", "UnsupportedStyleError",
 ]

@@ -41,3 +41,8 @@ class LibraryImportError(LibraryError, ValueError):
 
 class LibraryFullError(LibraryError):
     """A shard whose memory map could not grow any further (disk or address space exhausted)."""
+
+
+class ShardNotOwnedError(LibraryError):
+    """A call of a (tenant, tool) whose shard this library object does not serve (it owns a
+    part of the shards: send the call to the part that owns it)."""

@@ -18,7 +18,7 @@ from types import TracebackType
 
 from toolspec.formats import DEFAULT_STYLE, JsonStyle, ToolCall
 from toolspec.library import keys, query, transfer
-from toolspec.library.errors import LibraryClosedError
+from toolspec.library.errors import LibraryClosedError, ShardNotOwnedError
 from toolspec.library.index import PendingCall, evict_lru, prepare, store_call, touch_record
 from toolspec.library.metadata import open_metadata
 from toolspec.library.records import (CallRecord, LibraryMatch, LibraryStats, check_arguments_key,
@@ -38,7 +38,8 @@ class CallLibrary:
     def __init__(self, path: str | Path, shards: int | None = None, max_calls: int | None = None,
                  map_size: int = DEFAULT_MAP_SIZE, *, half_life_s: float | None = None,
                  scan_cap: int = DEFAULT_SCAN_CAP, sync: bool = True,
-                 max_readers: int = 126, clock: Callable[[], float] = time.time) -> None:
+                 max_readers: int = 126, clock: Callable[[], float] = time.time,
+                 part: tuple[int, int] | None = None) -> None:
         """Opens (creating if needed) the library at ``path``.
 
         ``shards``: the shard count; None takes the stored one (8 for a new library); another
@@ -48,7 +49,10 @@ class CallLibrary:
         (fixed at creation like ``shards``: None takes the stored one, one week for a new one).
         ``scan_cap``: index entries a lookup reads at most. ``sync``: fsync every commit.
         ``clock``: the time calls are stamped and weighed at (replays and tests fix it, so
-        the same calls rank the same whenever they run).
+        the same calls rank the same whenever they run). ``part``: (index, count) — this
+        object serves only the shards ``s`` with ``s % count == index`` (one of ``count``
+        processes sharing the library out; ``max_calls`` then caps its part); a call of another
+        part raises ShardNotOwnedError.
         """
         if max_calls is not None and max_calls < 1:
             raise ValueError(f"max_calls must be None (no cap) or at least 1, got {max_calls}")
@@ -59,21 +63,42 @@ class CallLibrary:
         self.max_calls = max_calls
         self.scan_cap = scan_cap
         self.clock = clock
+        index, count = part if part is not None else (0, 1)
+        if not 0 <= index < count:
+            raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part}")
+        self.part = (index, count)
         options = EnvOptions(map_size=map_size, sync=sync, max_readers=max_readers)
-        self._envs: list[ShardEnv] | None = [
-            ShardEnv.acquire(self.path / f"shard-{i:02d}", options) for i in range(self.shards)]
+        self._envs: dict[int, ShardEnv] | None = {
+            i: ShardEnv.acquire(self.path / f"shard-{i:02d}", options)
+            for i in range(self.shards) if i % count == index}
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _shards(self) -> list[ShardEnv]:
+    def _owned(self) -> dict[int, ShardEnv]:
         if self._envs is None:
             raise LibraryClosedError(f"the call library at {self.path} is closed; open a new one")
         return self._envs
 
+    def _shards(self) -> list[ShardEnv]:
+        """The environments this object serves, in shard order (every shard unless a part)."""
+        return list(self._owned().values())
+
+    def _env(self, shard: int) -> ShardEnv:
+        env = self._owned().get(shard)
+        if env is None:
+            raise ShardNotOwnedError(
+                f"shard {shard} belongs to part {shard % self.part[1]} of {self.part[1]}, not to "
+                f"this one ({self.part[0]})")
+        return env
+
+    def owns(self, tenant: str, tool: str) -> bool:
+        """Whether (``tenant``, ``tool``)'s calls are in a shard this object serves."""
+        return keys.shard_of(tenant, tool, self.shards) % self.part[1] == self.part[0]
+
     def close(self) -> None:
         """Releases this object's hold on the shard environments (idempotent)."""
         envs, self._envs = self._envs, None
-        for env in envs or ():
+        for env in (envs or {}).values():
             env.release()
 
     def __enter__(self) -> CallLibrary:
@@ -98,10 +123,9 @@ class CallLibrary:
         maps a tokenizer fingerprint to the call's token ids (replacing stored ids). May evict
         least-recently-used calls when ``max_calls`` is set.
         """
-        shards = self._shards()
         pending = prepare(call, tenant, tokens, self.shards)
         moment = keys.check_when(self.clock() if when is None else when)
-        record = shards[pending.shard].write(
+        record = self._env(pending.shard).write(
             lambda txn, dbs: store_call(txn, dbs, pending, moment, self.half_life_s))
         self._enforce_cap()
         return record
@@ -115,7 +139,7 @@ class CallLibrary:
         transaction per shard touched. A batch is all or nothing per shard; earlier batches stay
         committed if a later one fails. Duplicates count as hits, as in ``add``.
         """
-        shards, total = self._shards(), 0
+        total = 0
         iterator = iter(calls)
         while batch := list(islice(iterator, batch_size)):
             moment = keys.check_when(self.clock() if when is None else when)
@@ -123,8 +147,9 @@ class CallLibrary:
             for call, tenant, *usage in batch:
                 pending = prepare(call, tenant, None, self.shards, usage[0] if usage else None)
                 groups[pending.shard].append(pending)
+            envs = {shard: self._env(shard) for shard in groups}  # all owned, or none written
             for shard, group in sorted(groups.items()):
-                shards[shard].write(lambda txn, dbs, group=group, moment=moment: [
+                envs[shard].write(lambda txn, dbs, group=group, moment=moment: [
                     store_call(txn, dbs, pending, moment, self.half_life_s) for pending in group])
             total += len(batch)
             self._enforce_cap()
@@ -134,14 +159,13 @@ class CallLibrary:
         """Marks ``records`` used at ``when`` (default now) without a hit: a lookup served
         them, so they move up the LRU order (and rank as recent). One write transaction per
         shard touched; records evicted meanwhile are skipped. Returns how many were found."""
-        shards = self._shards()
         moment = keys.check_when(self.clock() if when is None else when)
         groups: dict[int, set[bytes]] = defaultdict(set)
         for record in records:
             groups[keys.shard_of(record.tenant, record.tool, self.shards)].add(record.record_id)
         found = 0
         for shard, rids in sorted(groups.items()):
-            found += sum(shards[shard].write(lambda txn, dbs, rids=rids: [
+            found += sum(self._env(shard).write(lambda txn, dbs, rids=rids: [
                 touch_record(txn, dbs, rid, moment, self.half_life_s) for rid in sorted(rids)]))
         return found
 
@@ -189,7 +213,7 @@ class CallLibrary:
                 search = name_head
             elif not typed.startswith(name_head):
                 return []
-            scanned = [shards[keys.shard_of(tenant, tool, self.shards)]]
+            scanned = [self._env(keys.shard_of(tenant, tool, self.shards))]
         head = keys.text_head(tenant_key, check_arguments_key(arguments_key), style_name(style))
         prefix, exact = keys.text_prefix(head, search)
         now, cut = self.clock(), len(typed)
@@ -211,7 +235,7 @@ class CallLibrary:
         prefix_ids = check_tokens({fingerprint: prefix_ids})[fingerprint]
         scanned, tag = shards, None
         if tool is not None:
-            scanned = [shards[keys.shard_of(tenant, check_tool(tool), self.shards)]]
+            scanned = [self._env(keys.shard_of(tenant, check_tool(tool), self.shards))]
             tag = tool_tag(tool)
         prefix, exact = keys.token_prefix(keys.token_head(tenant_key, fingerprint), prefix_ids)
         now, cut = self.clock(), len(prefix_ids)
@@ -229,7 +253,7 @@ class CallLibrary:
         first, ties broken by most recent use. Reads only."""
         shards, tenant_key = self._shards(), keys.check_tenant(tenant)
         if tool is not None:
-            shards = [shards[keys.shard_of(tenant, check_tool(tool), self.shards)]]
+            shards = [self._env(keys.shard_of(tenant, check_tool(tool), self.shards))]
         return query.top_records(shards, tenant_key, tool, k)
 
     def records(self, tenant: str | None = None) -> Iterator[CallRecord]:
