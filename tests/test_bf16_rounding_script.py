@@ -49,3 +49,19 @@ def test_linear_row_groups_partition_the_row_counts() -> None:
     groups = script.linear_row_groups(weight, max_rows=16, trials=2)
     assert groups[0][0] == 1 and groups[-1][1] == 16
     assert all(later[0] == earlier[1] + 1 for earlier, later in zip(groups, groups[1:]))
+
+
+def test_the_linear_tile_diagnostic_runs_and_reports_both_kernels(tmp_path: Path) -> None:
+    """scripts/bf16_linear_tiles.py on a small shape: the report has both kernels, and a
+    fixed tile computes each row from that row alone (what issue 37's fix would rest on)."""
+    spec = importlib.util.spec_from_file_location(
+        "bf16_linear_tiles", SCRIPT.parent / "bf16_linear_tiles.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "tiles.json"
+    assert module.main(["--small", "--tiles", "8,16", "--json", str(out)]) == 0
+    import json
+    report = json.loads(out.read_text())["small"]
+    assert set(report) == {"stock", "packed", "packed_tiles"}
+    assert all(report["packed_tiles"].values())
