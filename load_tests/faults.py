@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import ray
@@ -207,7 +208,7 @@ def main() -> int:
                         default=ROOT.parent / "shared/data/api-bank/level-2.json")
     parser.add_argument("--out", type=Path, default=ROOT / "results/faults")
     args = parser.parse_args()
-    if urlparse_host(args.url) not in ("127.0.0.1", "localhost"):
+    if urlparse(args.url).hostname not in ("127.0.0.1", "localhost"):
         parser.error("fault injection sends traffic to loopback addresses only")
 
     ray.init(address="auto", namespace="serve", log_to_driver=False)
@@ -264,11 +265,6 @@ def main() -> int:
         print(f"{'met   ' if met else 'MISSED'} {goal}")
     deploy(args.config)  # back to the shipped shape
     return 0
-
-
-def urlparse_host(url: str) -> str:
-    from urllib.parse import urlparse
-    return urlparse(url).hostname or ""
 
 
 if __name__ == "__main__":

@@ -61,23 +61,6 @@ class PartActor:
         return await self.service.stats()
 
 
-class ActorHandle:
-    """An actor handle in the shape ``ShardedLibraryRemote`` calls (``handle.method.remote``)."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    def __getattr__(self, method: str) -> Any:
-        actor_method = getattr(self.actor, method)
-
-        class Method:
-            @staticmethod
-            def remote(*args: Any) -> Any:
-                return actor_method.remote(*args)
-
-        return Method
-
-
 async def load(remote: ShardedLibraryRemote, queries: list[tuple[str, str, str]],
                clients: int, seconds: float) -> dict[str, Any]:
     latencies: list[int] = []
@@ -119,7 +102,7 @@ def main() -> int:
         for count in (int(n) for n in args.actors.split(",")):
             actors = [PartActor.options(num_cpus=0).remote(str(args.path), (i, count))
                       for i in range(count)]
-            remote = ShardedLibraryRemote([ActorHandle(actor) for actor in actors])
+            remote = ShardedLibraryRemote(actors)  # Ray actor handles: method.remote(...)
             asyncio.run(load(remote, queries[:50], args.clients, 3.0))  # warm-up
             figures = asyncio.run(load(remote, queries, args.clients, args.seconds))
             results["by_actors"][count] = figures
