@@ -193,18 +193,22 @@ def test_prefetched_calls_reach_the_local_view_and_finished_calls_go_back(stored
 def test_retrieval_actor_down_requests_still_succeed_and_backoff_applies(stored) -> None:
     remote = FakeRemote(stored, down=True)
 
-    async def main() -> tuple[LibraryCache, list[Any]]:
+    async def main() -> tuple[LibraryCache, list[Any], int]:
         cache = LibraryCache(remote, retry_after_s=60)
         replica = ModelReplica(ScriptedChatEngine(script=fixed(CALL)), cache)
         events = [e async for e in replica.generate(request())]
         await cache.drain()
+        # The first request's prefetch and write-back may both be in flight before either
+        # fails (how they interleave is up to the event loop), so it sees one or two failures.
+        first_failures = cache.failures
         events += [e async for e in replica.generate(request())]
         await cache.drain()
-        return cache, events
+        return cache, events, first_failures
 
-    cache, events = asyncio.run(main())
+    cache, events, first_failures = asyncio.run(main())
     assert sum(isinstance(e, StreamEnd) for e in events) == 2
-    assert cache.failures == 1  # the second request did not wait on the dead actor again
+    assert first_failures in (1, 2)
+    assert cache.failures == first_failures  # the second request did not ask the dead actor
     assert cache.local.stats().calls == 1  # the finished call is still drafted from locally
     cache.close()
 
