@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from toolspec.bench.analysis import Run, history_label, read_run, step_accepted, tool_history
+from toolspec.bench.analysis import (Run, history_label, read_run, same_output_speedup,
+                                     step_accepted, tool_history)
 from toolspec.bench.resume import read_item_results
 from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, ReportDataset,
                                    divergence_rows, goal_rows, goals_for, load_config,
@@ -323,3 +324,28 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     config.write_text('methods = "ar"\n')
     with pytest.raises(ReportConfigError, match="missing"):
         load_config(config)
+
+
+def test_same_output_speedup_counts_only_items_both_methods_reproduce() -> None:
+    runs = [
+        result("a", "suffix", "x", 2.5, 5, 20), result("a", "toolspec", "x", 1.5, 4, 20),
+        # suffix wandered off into a shorter, easier text here: left out
+        replace(result("b", "suffix", "y", 0.5, 2, 20), identical_to_ar=False),
+        result("b", "toolspec", "x", 1.5, 4, 20),
+        result("c", "toolspec", "x", 1.0, 4, 20),  # suffix did not run it
+    ]
+    same = same_output_speedup(runs, "toolspec", "suffix")
+    assert (same.items, same.of) == (1, 2)
+    assert same.speedup == pytest.approx((0.5 + 2.5) / (0.5 + 1.5))
+    assert same_output_speedup(runs[2:], "toolspec", "suffix").speedup is None
+
+
+def test_goal_table_shows_the_same_outputs_ratio_against_the_best_baseline() -> None:
+    results = [*toy_results(2),
+               result("it-0", "suffix", "t", 2.0, 10, 20),
+               result("it-1", "suffix", "t", 2.0, 10, 20)]
+    run = Run("toy", {"model": "m", "dtype": "bf16", "items": 2, "machine": "toy",
+                      "methods": {"ar": {}, "suffix": {}, "toolspec": {}}}, tuple(results))
+    text = report_markdown([run], [], "make report")
+    # toolspec: 0.5 + 1.0 and 0.5 + 1.1 s; suffix 2.5 s twice
+    assert f"{5.0 / 3.1:.2f}× (2/2)" in text

@@ -53,6 +53,35 @@ def read_run(directory: Path, name: str | None = None) -> Run:
     return Run(name or directory.name, document, tuple(results))
 
 
+@dataclass(frozen=True)
+class SameOutputs:
+    """``method`` against ``other`` on the items where both wrote ``ar``'s output."""
+
+    items: int  # such items
+    of: int  # items both methods ran
+    speedup: float | None  # ``other``'s time over ``method``'s on them (None: no such item)
+
+
+def same_output_speedup(results: Sequence[ItemResult], method: str, other: str) -> SameOutputs:
+    """How much faster ``method`` is than ``other`` end to end (prefill + decode), counted only
+    on items where both reproduce plain decoding. Where outputs diverge (bf16 near-ties) the two
+    methods decode different texts, and one may just have been handed an easier one; on these
+    items both wrote the same tokens."""
+    times: dict[str, dict[str, ItemResult]] = {method: {}, other: {}}
+    for result in results:
+        if result.method in times:
+            times[result.method][result.item] = result
+    both = [item for item in times[method] if item in times[other]]
+    same = [item for item in both
+            if times[method][item].identical_to_ar and times[other][item].identical_to_ar]
+    if not same:
+        return SameOutputs(0, len(both), None)
+    spent = {m: sum(times[m][item].prefill_s + times[m][item].decode_s for item in same)
+             for m in times}
+    return SameOutputs(len(same), len(both), spent[other] / spent[method] if spent[method]
+                       else None)
+
+
 def step_accepted(results: Sequence[ItemResult], method: str, step: int) -> list[int]:
     """Draft tokens accepted in verification step ``step`` (0-based) of each item of
     ``method`` that recorded its steps and had that many."""

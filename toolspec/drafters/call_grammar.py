@@ -79,7 +79,7 @@ class CallGrammar:
         self._literal_texts: dict[JsonStyle, list[tuple[str | None, str]]] = {}
         self._name_shares = tool_name_shares(tools, conversation)
         self._assumed_years: tuple[int, ...] = ()
-        self._cache: dict[tuple, list[Branch]] = {}
+        self._cache: dict[tuple, list[tuple[tuple[Segment, ...], bool, str]]] = {}
 
     # ---- entry point ----------------------------------------------------------------------
 
@@ -91,8 +91,9 @@ class CallGrammar:
         closings: Sequence[tuple[str, float]] | None = None,
         years: Sequence[int] = (),
     ) -> list[TextDraft]:
-        """Candidates written from ``scanner.anchor``, most of them stopping at a choice point
-        the grammar cannot resolve (a free-text value). ``styles`` are the JSON spacings to
+        """Candidates written from ``scanner.anchor`` that agree with what is typed after it,
+        most of them stopping at a choice point the grammar cannot resolve (a free-text
+        value). ``styles`` are the JSON spacings to
         draft in; ``openings`` what may precede the first call and ``closings`` what may follow
         the last one (all with probabilities; the format's own text by default); ``years``
         those the model writes dates in when the conversation names none.
@@ -105,6 +106,7 @@ class CallGrammar:
         self.closings = tuple(closings or [(fmt.call_close + fmt.block_close, 1.0)])
         self._assumed_years = tuple(years)
         self.values.note_written(scanner.text)
+        typed = scanner.text[scanner.anchor:]
         drafts: list[TextDraft] = []
         for style, style_prior in styles:
             key = (scanner.state, scanner.tool_name, scanner.call_keys, scanner.given_parameters,
@@ -112,11 +114,29 @@ class CallGrammar:
                    self.values.used, self.values.used_dates, self._assumed_years, self.openings,
                    self.closings)
             structural = self._cache.get(key)
+            if structural is None and self._no_opening_agrees(scanner, typed):
+                structural = []  # prose that no call opening starts: nothing to build
             if structural is None:
-                structural = self._cache[key] = self._branches(scanner, style)
-            for segments, ends in structural + self._typed_value_branches(scanner, style):
+                structural = self._cache[key] = [
+                    (segments, ends, "".join(segment.text for segment in segments))
+                    for segments, ends in self._branches(scanner, style)]
+            # Most structural branches disagree with what is typed (every call opening while
+            # the model writes prose): dropped here by one string test each, before they are
+            # built into drafts.
+            for segments, ends, text in structural:
+                if text.startswith(typed):
+                    drafts.append(TextDraft(scaled(segments, style_prior), ends))
+            for segments, ends in self._typed_value_branches(scanner, style):
                 drafts.append(TextDraft(scaled(segments, style_prior), ends))
         return drafts
+
+    def _no_opening_agrees(self, scanner: CallScanner, typed: str) -> bool:
+        """Whether the output is text before any call that no opening begins with or is
+        begun by (then no branch of the TEXT state can agree with it)."""
+        if scanner.state is not CallState.TEXT or scanner.calls:
+            return False
+        return not any(opening.startswith(typed) or typed.startswith(opening)
+                       for opening in (text + "{" for text, _ in self.openings))
 
     def _branches(self, scanner: CallScanner, style: JsonStyle) -> list[Branch]:
         """Branches determined by the structural position alone (not by typed characters)."""
