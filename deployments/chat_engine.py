@@ -102,7 +102,8 @@ class ToolSpecChatEngine:
         self.loaded = load_model(settings.model, settings.dtype,
                                  prepack_linear=settings.prepack_linear)
         self.engine = _engine(self.loaded, settings)
-        self.sessions = SessionKVStore(settings.session_kv_bytes)
+        self.sessions = SessionKVStore(settings.session_kv_bytes,
+                                       truncate=self.engine.model.truncate)
         self._session_of: WeakKeyDictionary[DecodeJob, str] = WeakKeyDictionary()
         self.drafters = ServedDrafters(self.loaded.tokenizer)
         self.load = StepLoad()
@@ -125,7 +126,8 @@ class ToolSpecChatEngine:
                 (self.settings.draft_budget, self.settings.prefill_chunk_tokens):
             self.engine = _engine(self.loaded, settings)
         if settings.session_kv_bytes != self.settings.session_kv_bytes:
-            self.sessions = SessionKVStore(settings.session_kv_bytes)
+            self.sessions = SessionKVStore(settings.session_kv_bytes,
+                                           truncate=self.engine.model.truncate)
         self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:

@@ -14,8 +14,10 @@ does).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from transformers import DynamicCache
 
 from toolspec.engine import KVPrefix
 from toolspec.target_model import truncate_cache
@@ -52,9 +54,11 @@ class SessionKVStore:
     entries (``take`` removes one: a cache serves one request at a time) and the counters.
     """
 
-    def __init__(self, budget_bytes: int, min_reuse: int = 16) -> None:
+    def __init__(self, budget_bytes: int, min_reuse: int = 16,
+                 truncate: Callable[[DynamicCache, int], None] = truncate_cache) -> None:
         self.budget_bytes = budget_bytes
         self.min_reuse = min_reuse
+        self.truncate = truncate  # the model's own (a sharded model cuts every rank's copy)
         self._entries: OrderedDict[str, tuple[KVPrefix, int]] = OrderedDict()
         self._bytes = 0
         self.hits = 0
@@ -74,7 +78,7 @@ class SessionKVStore:
         if reuse < self.min_reuse:
             self.misses += 1
             return None
-        truncate_cache(kv.cache, reuse)
+        self.truncate(kv.cache, reuse)
         self.hits += 1
         self.reused_tokens += reuse
         return KVPrefix(tuple(prompt_ids[:reuse]), kv.cache)

@@ -20,7 +20,7 @@ from toolspec.budget import CostModel
 from toolspec.draft_tree import DraftTree
 from toolspec.grouped_attention import attention_implementation
 from toolspec.models import LoadedModel, dtype_name, exclusive_lock, toolspec_home
-from toolspec.target_model import TargetModel, commit_path
+from toolspec.target_model import TargetModel
 
 # Dense at the small end, where CPU matmul kernels change regime (often between 3 and 4 rows).
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -53,7 +53,7 @@ def measure_cost_curve(
             started = time.perf_counter()
             model.forward_tree(cache, chains[size][:1], trees[size])
             samples[size].append(time.perf_counter() - started)
-            commit_path(cache, prefix_length, [])
+            model.commit_path(cache, prefix_length, [])
     return {size: statistics.median(times[1:]) for size, times in samples.items()}
 
 

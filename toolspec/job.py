@@ -29,7 +29,7 @@ from toolspec.logit_feedback import feed_top_k, logits_observer
 from toolspec.output import RequestOutput
 from toolspec.sampling import TokenChooser
 from toolspec.stopping import StopDecision, StopScanner, cut_at_stop_string
-from toolspec.target_model import SequenceRows, TargetModel, commit_path, truncate_cache
+from toolspec.target_model import SequenceRows, TargetModel
 from toolspec.text_stream import TextDeltas
 from toolspec.verify import AcceptedPath, walk_tree
 
@@ -60,6 +60,7 @@ class DecodeJob:
                  request: DraftRequest, max_nodes: int, draft_at_prefill: bool = True,
                  prefix: KVPrefix | None = None, keep_kv: bool = False,
                  chooser: TokenChooser | None = None) -> None:
+        self.model = model
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.params = params
@@ -150,7 +151,7 @@ class DecodeJob:
         base_length = self.cache.get_seq_length() - len(self.pending) - len(tree)
         self.chooser.bind(logits)
         path = walk_tree(tree, self.chooser)
-        commit_path(self.cache, base_length + len(self.pending) - 1, path.rows)
+        self.model.commit_path(self.cache, base_length + len(self.pending) - 1, path.rows)
         committed = time.perf_counter()
         emitted = [*(tree.tokens[node] for node in path.nodes), path.bonus]
         decision = self.scanner.append(self.output, emitted)
@@ -197,7 +198,7 @@ class DecodeJob:
             prefill_step=self.prefill_step,
             calls=self.output.parse.calls(len(text)),
         )
-        kv = _kv_of(self.cache, self.context) if self.keep_kv else None
+        kv = _kv_of(self.model, self.cache, self.context) if self.keep_kv else None
         self.close()
         return StepEvent(tuple(emitted), self.deltas.finish(generation.text), stats, generation,
                          kv, self.output.parse.spans)
@@ -228,11 +229,11 @@ def _start_cache(model: TargetModel, prompt_ids: Sequence[int], prefix: KVPrefix
     return prefix.cache, reused
 
 
-def _kv_of(cache: DynamicCache, context: Sequence[int]) -> KVPrefix:
+def _kv_of(model: TargetModel, cache: DynamicCache, context: Sequence[int]) -> KVPrefix:
     """``cache`` cut to the context tokens it holds (rows of tokens a stop cut are dropped;
     the last emitted token was never fed)."""
     held = min(cache.get_seq_length(), len(context))
-    truncate_cache(cache, held)
+    model.truncate(cache, held)
     return KVPrefix(tuple(context[:held]), cache)
 
 

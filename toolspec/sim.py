@@ -31,7 +31,7 @@ from toolspec.job import DecodeJob
 from toolspec.library import CallLibrary
 from toolspec.output import RequestOutput
 from toolspec.prompts import chat_prompt, conversation_text
-from toolspec.target_model import SequenceRows
+from toolspec.target_model import CacheOperations, SequenceRows
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class ReplayCache:
         self.length = self.length + length if length < 0 else min(self.length, length)
 
 
-class ReplayModel:
+class ReplayModel(CacheOperations):
     """The target model of a replay: each row "predicts" the known token after its position
     (-1 past the known output), so a draft token is accepted iff it is the known next token.
     ``forward`` takes the engine's rows as ``TargetModel.forward`` does, over ``ReplayCache``s.

@@ -43,7 +43,21 @@ class UnsupportedModelError(ValueError):
     sliding-window layers)."""
 
 
-class TargetModel:
+class CacheOperations:
+    """How the decode loop changes a model's caches after a forward; a model sharded over
+    several ranks (``tensor_parallel.ShardedTarget``) does it on every rank's copy."""
+
+    def commit_path(self, cache: DynamicCache, base_length: int, kept_rows: Sequence[int]
+                    ) -> None:
+        """``commit_path`` on one of this model's caches."""
+        commit_path(cache, base_length, kept_rows)
+
+    def truncate(self, cache: DynamicCache, length: int) -> None:
+        """``truncate_cache`` on one of this model's caches."""
+        truncate_cache(cache, length)
+
+
+class TargetModel(CacheOperations):
     """Stateless wrapper around one HF causal LM; every call names the caches it extends.
 
     ``forward`` runs the rows of any number of sequences in one forward pass: the embedding,

@@ -1,0 +1,141 @@
+"""A model split over two CPU ranks (gloo) decodes as the whole model does (issue 36).
+
+Each test run spawns two processes: rank 0 drives a ``ShardedTarget`` and the engine, rank 1
+``follow``s. The same scenario runs on the unsplit model in this process; greedy and seeded
+sampled outputs must be identical, and logits equal within 1e-5 (the row-parallel layers
+sum their halves in another order).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
+from toolspec import Engine, GenerationParams, TargetModel
+from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.sampling import SamplingParams
+from toolspec.target_model import CacheOperations
+
+VOCAB = 96
+TREE = DraftTree(tokens=(5, 9, 11, 7, 30), parents=(ROOT, 0, 0, 1, ROOT),
+                 sources=("t",) * 5)
+
+
+def scenario(model: TargetModel) -> dict[str, Any]:
+    """Tree verification + commit + steps, a session cut back, and engine generations (greedy,
+    sampled, batched) on ``model``; what each produced."""
+    torch.manual_seed(0)
+    out: dict[str, Any] = {"logits": []}
+    cache = model.new_cache()
+    out["logits"].append(model.forward_tree(cache, list(range(10, 40)), TREE))
+    model.commit_path(cache, 29, [0, 2])  # root and node 1 accepted
+    for pending in ([9], [44]):
+        out["logits"].append(model.forward_tree(cache, pending, TREE))
+        model.commit_path(cache, cache.get_seq_length() - len(TREE) - 1, [0, 1, 4])
+    model.truncate(cache, 20)  # a session's cache cut to a shorter prompt
+    out["logits"].append(model.forward_tree(cache, [12, 13, 14], TREE))
+    del cache  # its copy on the other rank is freed with the next plan
+
+    engine = Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3])
+    rng = random.Random(1)
+    prompts = [[rng.randrange(4, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(4)]
+    greedy = GenerationParams(max_new_tokens=30)
+    plain = [engine.generate(prompt, None, greedy).tokens for prompt in prompts]
+    out["greedy"] = plain
+    out["speculative"] = [engine.generate(p, ScriptedDrafter(t, VOCAB, seed), greedy).tokens
+                          for seed, (p, t) in enumerate(zip(prompts, plain))]
+    sampled = GenerationParams(max_new_tokens=30,
+                               sampling=SamplingParams(temperature=0.8, seed=7))
+    out["sampled"] = [engine.generate(p, ScriptedDrafter(t, VOCAB, 3), sampled).tokens
+                      for p, t in zip(prompts, plain)]
+    jobs = [engine.start(p, ScriptedDrafter(t, VOCAB, 5), greedy) for p, t in zip(prompts, plain)]
+    out["batched"] = [g.tokens for g in engine.run(jobs)]
+    return out
+
+
+def _rank(rank: int, port: int, path: str, results: Any) -> None:
+    torch.set_num_threads(1)
+    from toolspec.tensor_parallel import ShardedTarget, follow, init_group, load_sharded
+
+    group = init_group(rank, 2, "127.0.0.1", port, "gloo", collective_timeout_s=60)
+    model = load_sharded(path, 2, torch.float32)
+    if rank:
+        follow(model, group)
+        results.put(("follower", "done"))
+        return
+    target = ShardedTarget(model, group)
+    try:
+        out = scenario(target)
+        # As lists: a tensor would travel in shared memory this process frees when it exits.
+        out["logits"] = [logits.tolist() for logits in out["logits"]]
+        results.put(("leader", out))
+    finally:
+        target.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_split(path: Path) -> dict[str, Any]:
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    ranks = [context.Process(target=_rank, args=(rank, port, str(path), results))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    got = dict(results.get(timeout=240) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert got["follower"] == "done"
+    return got["leader"]
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tp") / "tiny-qwen2"
+    tiny_model("qwen2", VOCAB).save_pretrained(path)
+    return path
+
+
+def test_two_ranks_decode_as_the_whole_model(saved_model: Path) -> None:
+    whole = TargetModel(AutoModelForCausalLM.from_pretrained(
+        saved_model, dtype=torch.float32, attn_implementation="sdpa").eval())
+    expected = scenario(whole)
+    split = run_split(saved_model)
+    for listed, want in zip(split["logits"], expected["logits"], strict=True):
+        got = torch.tensor(listed)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    for key in ("greedy", "speculative", "sampled", "batched"):
+        assert split[key] == expected[key], key
+    assert split["speculative"] == split["greedy"] == split["batched"]
+
+
+def test_head_counts_the_ranks_cannot_split_are_refused() -> None:
+    from toolspec.tensor_parallel import check_divides
+
+    config = Qwen2Config(num_attention_heads=14, num_key_value_heads=2)
+    check_divides(config, 2)
+    with pytest.raises(ValueError, match="must divide the model's 2 key/value heads"):
+        check_divides(config, 4)
+
+
+def test_a_sharded_target_refuses_caches_it_did_not_make() -> None:
+    from toolspec.tensor_parallel import TensorParallelError, _mirror_id
+
+    with pytest.raises(TensorParallelError, match="no copies on the other ranks"):
+        _mirror_id(TargetModel(tiny_model("qwen2", VOCAB)).new_cache())
+    assert issubclass(TargetModel, CacheOperations)

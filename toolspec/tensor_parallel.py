@@ -1,0 +1,232 @@
+"""Tensor-parallel target models: one model held by N ranks, each with 1/N of every layer.
+
+The model is sharded by transformers' own tensor parallelism (the architecture's TP plan:
+q/k/v/gate/up split by output columns, o/down by input rows with an all-reduce after them,
+the LM head's logits gathered), so every rank runs the same forward over its own attention
+heads and ends with the same logits. Rank 0 runs the engine — drafting, the budget, sampling,
+stop rules — on a ``ShardedTarget``; ranks 1..N-1 run ``follow``. Each rank holds its heads'
+part of every KV cache, so the caches are mirrored: rank 0 names each cache it creates, and
+before every forward broadcasts a ``Plan`` — the cache operations since the last forward
+(created, committed, truncated, freed), then the forward's rows — which every other rank
+replays on its own caches. One broadcast per forward; nothing comes back.
+
+Two process groups: the plan group waits as long as rank 0 idles between requests (a long
+timeout), the model's collectives inside a forward fail after ``collective_timeout_s``, so a
+dead rank ends its replica instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import DynamicCache, PreTrainedModel
+
+from toolspec.draft_tree import DraftTree
+from toolspec.target_model import SequenceRows, TargetModel, commit_path, truncate_cache
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT = datetime.timedelta(days=7)  # the plan group: rank 0 may wait this long for work
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel group that cannot be formed or has lost a rank."""
+
+
+@dataclass(frozen=True)
+class ParallelGroup:
+    """This process's place in a tensor-parallel group and the groups it talks in."""
+
+    rank: int
+    size: int
+    plans: Any  # the process group rank 0's plans are broadcast in (gloo, long timeout)
+
+
+def init_group(rank: int, size: int, address: str, port: int, backend: str = "gloo",
+               collective_timeout_s: float = 120.0) -> ParallelGroup:
+    """Join the group of ``size`` ranks whose rank 0 listens on ``address:port``.
+
+    ``backend``: gloo on CPU, nccl on GPUs (the model's collectives); plans always go over gloo
+    (they are Python objects). Mutates: this process's default ``torch.distributed`` group.
+    """
+    if not 0 <= rank < size:
+        raise TensorParallelError(f"rank {rank} is outside a group of {size}")
+    os.environ.setdefault("LOCAL_RANK", str(rank))  # transformers places shards by it
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    os.environ.setdefault("RANK", str(rank))
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
+                                world_size=size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        plans = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    except Exception as error:  # torch raises RuntimeError, ValueError or DistBackendError
+        raise TensorParallelError(
+            f"rank {rank} of {size} could not join the group at {address}:{port}: {error}"
+        ) from error
+    return ParallelGroup(rank, size, plans)
+
+
+def load_sharded(path: str | Path, size: int, dtype: torch.dtype,
+                 loader: Callable[..., PreTrainedModel] | None = None) -> PreTrainedModel:
+    """The model at ``path`` with this rank's shards (after ``init_group``), in eval mode."""
+    from transformers import AutoModelForCausalLM, DistributedConfig
+
+    load = loader or AutoModelForCausalLM.from_pretrained
+    model = load(str(path), dtype=dtype, attn_implementation="sdpa",
+                 distributed_config=DistributedConfig(tp_size=size, tp_plan="auto"))
+    return model.eval()
+
+
+def check_divides(config: Any, size: int) -> None:
+    """Raise ValueError unless ``size`` ranks can split ``config``'s heads evenly."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if size < 1 or kv_heads % size or config.num_attention_heads % size:
+        raise ValueError(
+            f"tensor_parallel_size {size} must divide the model's {kv_heads} key/value heads "
+            f"and {config.num_attention_heads} attention heads")
+
+
+# ---- the plan ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowsPlan:
+    """One sequence's rows of a forward, as the other ranks rebuild them."""
+
+    cache: int
+    pending: tuple[int, ...]
+    tree: DraftTree
+    logits: bool
+
+
+@dataclass
+class Plan:
+    """What the other ranks do before and in the next forward, in order."""
+
+    operations: list[tuple[Any, ...]] = field(default_factory=list)  # ("new"|"commit"|...)
+    rows: tuple[RowsPlan, ...] = ()
+    stop: bool = False
+
+
+class MirroredCache(DynamicCache):
+    """A KV cache whose copies on the other ranks go by ``mirror_id``."""
+
+    mirror_id: int
+
+
+class ShardedTarget(TargetModel):
+    """Rank 0's target model: ``TargetModel`` whose forwards and cache operations the other
+    ranks repeat. Mutates: its queue of operations not yet sent."""
+
+    def __init__(self, model: PreTrainedModel, group: ParallelGroup) -> None:
+        super().__init__(model)
+        if group.rank != 0:
+            raise TensorParallelError("only rank 0 drives the group; the others `follow`")
+        self.group = group
+        self._next_id = 0
+        self._queued: list[tuple[Any, ...]] = []
+        self._closed = False
+
+    def new_cache(self) -> DynamicCache:
+        cache = MirroredCache(config=self.model.config)
+        cache.mirror_id = self._next_id
+        self._next_id += 1
+        self._queued.append(("new", cache.mirror_id))
+        # A cache rank 0 lets go of is dropped on the others with the next plan.
+        weakref.finalize(cache, self._free, cache.mirror_id)
+        return cache
+
+    def _free(self, mirror_id: int) -> None:
+        self._queued.append(("free", mirror_id))
+
+    def commit_path(self, cache: DynamicCache, base_length: int, kept_rows: Sequence[int]
+                    ) -> None:
+        self._queued.append(("commit", _mirror_id(cache), base_length, tuple(kept_rows)))
+        commit_path(cache, base_length, kept_rows)
+
+    def truncate(self, cache: DynamicCache, length: int) -> None:
+        self._queued.append(("truncate", _mirror_id(cache), length))
+        truncate_cache(cache, length)
+
+    def forward(self, batch: Sequence[SequenceRows]) -> list[torch.Tensor | None]:
+        if self._closed:
+            raise TensorParallelError("the tensor-parallel group was closed")
+        plan = Plan(self._take_queue(), tuple(
+            RowsPlan(_mirror_id(rows.cache), rows.pending, rows.tree, rows.logits)
+            for rows in batch))
+        _broadcast(plan, self.group)
+        return super().forward(batch)
+
+    def close(self) -> None:
+        """Release the other ranks (their ``follow`` returns). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            _broadcast(Plan(self._take_queue(), stop=True), self.group)
+
+    def _take_queue(self) -> list[tuple[Any, ...]]:
+        queued, self._queued = self._queued, []
+        return queued
+
+
+def follow(model: PreTrainedModel, group: ParallelGroup) -> None:
+    """Ranks 1..N-1: repeat rank 0's plans on this rank's shards until it closes the group.
+    Mutates: this rank's mirrored caches. Raises TensorParallelError if rank 0 is lost."""
+    target = TargetModel(model)
+    caches: dict[int, DynamicCache] = {}
+    while True:
+        plan = _receive(group)
+        for operation in plan.operations:
+            _replay(operation, caches, target)
+        if plan.stop:
+            return
+        target.forward([SequenceRows(caches[rows.cache], rows.pending, rows.tree, rows.logits)
+                        for rows in plan.rows])
+
+
+def _replay(operation: tuple[Any, ...], caches: dict[int, DynamicCache],
+            target: TargetModel) -> None:
+    kind, cache_id, *arguments = operation
+    if kind == "new":
+        caches[cache_id] = target.new_cache()
+    elif kind == "commit":
+        commit_path(caches[cache_id], *arguments)
+    elif kind == "truncate":
+        truncate_cache(caches[cache_id], *arguments)
+    elif kind == "free":
+        caches.pop(cache_id, None)
+    else:
+        raise TensorParallelError(f"unknown cache operation {kind!r} in a plan")
+
+
+def _mirror_id(cache: DynamicCache) -> int:
+    mirror_id = getattr(cache, "mirror_id", None)
+    if mirror_id is None:
+        raise TensorParallelError("a cache not made by this ShardedTarget's new_cache has no "
+                                  "copies on the other ranks")
+    return mirror_id
+
+
+def _broadcast(plan: Plan, group: ParallelGroup) -> None:
+    try:
+        dist.broadcast_object_list([plan], src=0, group=group.plans)
+    except Exception as error:  # a lost rank: gloo raises RuntimeError or DistBackendError
+        raise TensorParallelError(f"a rank of the tensor-parallel group is lost: {error}"
+                                  ) from error
+
+
+def _receive(group: ParallelGroup) -> Plan:
+    box: list[Any] = [None]
+    try:
+        dist.broadcast_object_list(box, src=0, group=group.plans)
+    except Exception as error:
+        raise TensorParallelError(f"rank 0 of the tensor-parallel group is lost: {error}"
+                                  ) from error
+    return box[0]
