@@ -13,9 +13,10 @@ here.
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
@@ -30,6 +31,7 @@ from deployments.library_service import LibraryService
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
+from toolspec.tensor_parallel import check_divides
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
@@ -51,14 +53,53 @@ class ModelConfig(_Strict):
         512, ge=0, description="a prompt is prefilled this many tokens per forward, other "
                                "requests' steps in between (0: whole prompts)")
     replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="ranks per replica, each holding a part of every layer "
+                                    "(must divide the model's key/value heads); each rank gets "
+                                    "num_cpus and num_gpus, all on one node")
+    num_cpus: float = Field(1.0, ge=0, description="per rank")
+    num_gpus: float = Field(0.0, ge=0, description="per rank")
     max_ongoing_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(
         64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
                               "past it the client gets 429 with Retry-After")
     retry_after_s: int = Field(2, ge=1, description="the Retry-After a queue-full 429 sends")
     session_affinity: bool = True
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> ModelConfig:
+        if self.tensor_parallel_size > 1:
+            if self.num_cpus <= 0 and self.num_gpus <= 0:
+                raise ValueError("tensor_parallel_size > 1 needs num_cpus or num_gpus per rank "
+                                 "(each rank reserves a bundle of them)")
+            heads = _model_heads(self.model)
+            if heads is not None:
+                check_divides(heads, self.tensor_parallel_size)
+        return self
+
+    def placement(self) -> dict[str, Any]:
+        """Serve's per-replica placement group options: one bundle per rank, one node."""
+        if self.tensor_parallel_size == 1:
+            return {}
+        bundle = {"CPU": self.num_cpus, **({"GPU": self.num_gpus} if self.num_gpus else {})}
+        return {"placement_group_bundles": [bundle] * self.tensor_parallel_size,
+                "placement_group_strategy": "STRICT_PACK"}
+
+
+def _model_heads(model: str) -> Any:
+    """The model's config where it can be read without loading anything (a local directory,
+    or a registered model already converted), else None: then the replica checks at load."""
+    from transformers import AutoConfig
+
+    from toolspec.models import UnknownModelError, resolve_model_dir
+
+    try:
+        source = resolve_model_dir(model)
+    except UnknownModelError:
+        return None
+    if isinstance(source, str) or not (Path(source) / "config.json").is_file():
+        return None
+    return AutoConfig.from_pretrained(source)
 
 
 class LibraryConfig(_Strict):
@@ -129,7 +170,8 @@ class AppConfig(_Strict):
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
                               prepack_linear=self.model.prepack_linear,
-                              prefill_chunk_tokens=self.model.prefill_chunk_tokens)
+                              prefill_chunk_tokens=self.model.prefill_chunk_tokens,
+                              tensor_parallel_size=self.model.tensor_parallel_size)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),
@@ -162,6 +204,7 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         # Loading the model takes seconds (a minute on first use, when weights are converted).
         "health_check_timeout_s": 120,
         "graceful_shutdown_timeout_s": 30,
+        **config.model.placement(),
     }
     if router is not None:
         model_options["request_router_config"] = router

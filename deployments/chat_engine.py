@@ -32,6 +32,7 @@ from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from deployments.prompting import ContextLengthError, context_message
 from deployments.scheduler import Job
+from deployments.tensor_parallel_group import TensorParallelGroup
 from toolspec.drafters import Drafter
 from toolspec.engine import Engine, GenerationParams, StepOutcome, StepReport
 from toolspec.formats import CallFormat, get_format
@@ -43,6 +44,8 @@ from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_load
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.registry import DrafterFactory, build_engine
 from toolspec.sampling import SamplingParams
+from toolspec.target_model import TargetModel
+from toolspec.tensor_parallel import TensorParallelError
 from toolspec.tool_grammar import answer_grammar, tool_call_grammar
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
@@ -63,6 +66,9 @@ class EngineSettings:
     # A prompt is prefilled this many tokens per forward, other requests' steps in between:
     # a long prompt delays the others by one chunk at a time, never by its whole length.
     prefill_chunk_tokens: int = 512
+    # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
+    # group (deployments.tensor_parallel_group). 1: the whole model in the replica.
+    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,13 @@ class ChatEngine(Protocol):
         """What is loaded: ``model``, ``dtype``, ``context_tokens`` (for ``/v1/models`` and
         ``/health``)."""
 
+    def check_health(self) -> None:
+        """Raise if the engine can no longer serve (a rank of its model is lost): Serve then
+        replaces the replica."""
+
+    def close(self) -> None:
+        """Let go of what the engine holds beyond this process (worker ranks). Idempotent."""
+
 
 class ToolSpecChatEngine:
     """The target model with ToolSpec drafting. Mutates: the engine's budget statistics, the
@@ -99,9 +112,16 @@ class ToolSpecChatEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.loaded = load_model(settings.model, settings.dtype,
-                                 prepack_linear=settings.prepack_linear)
-        self.engine = _engine(self.loaded, settings)
+        self.group: TensorParallelGroup | None = None
+        if settings.tensor_parallel_size > 1:
+            self.group = TensorParallelGroup(settings.model, settings.dtype,
+                                             settings.tensor_parallel_size)
+            self.loaded, self.target = self.group.loaded, self.group.target
+        else:
+            self.loaded = load_model(settings.model, settings.dtype,
+                                     prepack_linear=settings.prepack_linear)
+            self.target = TargetModel(self.loaded.model)
+        self.engine = _engine(self.loaded, settings, self.target)
         self.sessions = SessionKVStore(settings.session_kv_bytes,
                                        truncate=self.engine.model.truncate)
         self._session_of: WeakKeyDictionary[DecodeJob, str] = WeakKeyDictionary()
@@ -116,7 +136,18 @@ class ToolSpecChatEngine:
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "dtype": dtype_name(self.loaded.dtype),
                 "context_tokens": self.loaded.model.config.max_position_embeddings,
-                "draft_budget": self.settings.draft_budget}
+                "draft_budget": self.settings.draft_budget,
+                "tensor_parallel_size": self.loaded.tensor_parallel_size}
+
+    def check_health(self) -> None:
+        if self.group is not None and not self.group.alive():
+            raise TensorParallelError(
+                f"a worker rank of this replica's tensor-parallel group "
+                f"({self.settings.tensor_parallel_size} ranks) is gone")
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
 
     def apply(self, settings: EngineSettings) -> None:
         """Take a new draft budget, prefill chunk and session-cache budget (same model, dtype,
@@ -124,7 +155,7 @@ class ToolSpecChatEngine:
         Mutates: the engine and the session caches (emptied when their budget changes)."""
         if (settings.draft_budget, settings.prefill_chunk_tokens) != \
                 (self.settings.draft_budget, self.settings.prefill_chunk_tokens):
-            self.engine = _engine(self.loaded, settings)
+            self.engine = _engine(self.loaded, settings, self.target)
         if settings.session_kv_bytes != self.settings.session_kv_bytes:
             self.sessions = SessionKVStore(settings.session_kv_bytes,
                                            truncate=self.engine.model.truncate)
@@ -244,8 +275,8 @@ class ServedDrafters:
         return factory.for_request(request.tenant, request.tools is not None, library)
 
 
-def _engine(loaded: LoadedModel, settings: EngineSettings) -> Engine:
+def _engine(loaded: LoadedModel, settings: EngineSettings, target: TargetModel) -> Engine:
     return build_engine(loaded, None if settings.draft_budget == "auto"
                         else settings.draft_budget,
-                        prefill_chunk_tokens=settings.prefill_chunk_tokens)
+                        prefill_chunk_tokens=settings.prefill_chunk_tokens, target=target)
 

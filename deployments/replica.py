@@ -225,6 +225,7 @@ class ModelServer:
             return
         if _loaded_as(settings) != _loaded_as(self.settings):
             logger.info("reloading the engine for %s", asdict(settings))
+            self.replica.engine.close()  # its worker ranks first: a new group replaces them
             self.replica.engine = self.factory(settings)
         else:
             self.replica.engine.apply(settings)
@@ -237,12 +238,19 @@ class ModelServer:
     async def describe(self) -> dict[str, Any]:
         return await self.replica.describe()
 
+    def check_health(self) -> None:
+        """Serve's periodic check: raises (and Serve replaces this replica) when the engine
+        cannot serve any more, e.g. a worker rank of its model died."""
+        self.replica.engine.check_health()
+
     def __del__(self) -> None:
         replica = getattr(self, "replica", None)
         if replica is not None:
             replica.shutdown()
+            replica.engine.close()
 
 
-def _loaded_as(settings: EngineSettings) -> tuple[str, str, bool]:
+def _loaded_as(settings: EngineSettings) -> tuple[str, str, bool, int]:
     """The settings whose change reloads the model (the others apply in place)."""
-    return settings.model, settings.dtype, settings.prepack_linear
+    return (settings.model, settings.dtype, settings.prepack_linear,
+            settings.tensor_parallel_size)

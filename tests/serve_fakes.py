@@ -47,6 +47,12 @@ class ScriptedChatEngine:
     def describe(self) -> dict[str, Any]:
         return {"model": "toy-model", "dtype": "float32", "context_tokens": 4096}
 
+    def check_health(self) -> None:
+        pass  # nothing beyond this process to lose
+
+    def close(self) -> None:
+        pass
+
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
         self.requests.append(request)
         self.libraries.append(library)

@@ -44,12 +44,16 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     AppConfig.model_validate(application.args)
     deployments = {d.name: d for d in application.deployments}
     assert set(deployments) == {d["name"] for d in local["deployments"]}
-    assert deployments["ModelServer"].ray_actor_options.num_gpus == 1
+    model = AppConfig.model_validate(application.args).model
+    assert deployments["ModelServer"].ray_actor_options.num_gpus == model.num_gpus == 1
+    assert model.tensor_parallel_size == 2
+    assert model.placement()["placement_group_bundles"] == [{"CPU": 2, "GPU": 1}] * 2
 
     cluster = manifest["spec"]["rayClusterConfig"]
     (gpu_group,) = cluster["workerGroupSpecs"]
     limits = gpu_group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == "1"
+    # A replica's ranks all sit on one node (STRICT_PACK): a pod holds all of them.
+    assert int(limits["nvidia.com/gpu"]) == model.tensor_parallel_size
     assert gpu_group["replicas"] >= deployments["ModelServer"].num_replicas
     # The library actor's custom resource exists on the head (KubeRay wants a quoted JSON).
     head_resources = json.loads(json.loads(cluster["headGroupSpec"]["rayStartParams"]["resources"]))

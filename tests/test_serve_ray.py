@@ -216,3 +216,57 @@ def test_openai_client_gets_plain_decodings_calls_from_the_default_model(
     assert [tuple(streamed[i]) for i in sorted(streamed)] == want
     assert content == (expected.content or "")
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.real_model
+def test_a_two_rank_replica_answers_a_call_and_is_replaced_when_a_rank_dies(
+        ray_serve: str) -> None:
+    """tensor_parallel_size 2: the replica and one worker actor share a placement group and
+    the default model's layers; the call equals the whole model's. A worker killed with
+    SIGKILL fails the replica's health check, Serve starts a new group, and it answers."""
+    from deployments.tensor_parallel_group import WORKER_NAME_PREFIX
+    from toolspec import Engine, GenerationParams, TargetModel
+    from toolspec.models import load_model
+    from toolspec.prompts import chat_prompt
+
+    config = AppConfig(model=ModelConfig(model="qwen2.5-coder-0.5b", dtype="float32",
+                                         draft_budget=7, num_cpus=0.5, tensor_parallel_size=2),
+                       library=LibraryConfig(enabled=False), default_max_tokens=48)
+    base = f"{ray_serve}/split"
+    serve.run(build_app(config), name="split", route_prefix="/split")
+    try:
+        named = chat(base, tool_choice={"type": "function",
+                                        "function": {"name": "get_weather"}})
+        listed = httpx.get(f"{base}/v1/models", timeout=60).json()["data"]
+        workers = rank_workers()
+        assert len(workers) == 1 and workers[0]["name"].startswith(f"{WORKER_NAME_PREFIX}1-")
+        ray.kill(ray.get_actor(workers[0]["name"], namespace=workers[0]["namespace"]),
+                 no_restart=True)
+        deadline, answered = time.monotonic() + 300, None
+        while answered is None:  # the next health check fails; Serve builds a new group
+            assert time.monotonic() < deadline, "the two-rank replica never came back"
+            time.sleep(3)
+            response = post(base, tool_choice="required")
+            if response.status_code == 200 and rank_workers() \
+                    and rank_workers()[0]["name"] != workers[0]["name"]:
+                answered = response.json()
+    finally:
+        serve.delete("split")
+
+    assert listed[0]["root"] == "qwen2.5-coder-0.5b"
+    loaded = load_model("qwen2.5-coder-0.5b", "float32", prepack_linear=False)
+    prompt, _ = chat_prompt(loaded.tokenizer, [{"role": "user", "content": "Weather in Oslo?"}],
+                            [WEATHER])
+    whole = Engine(TargetModel(loaded.model), loaded.tokenizer).generate(
+        prompt, None, GenerationParams(max_new_tokens=48))
+    assert '"city": "Oslo"' in whole.text
+    for body in (named, answered):
+        call = body["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Oslo"})
+
+
+def rank_workers() -> list[dict[str, str]]:
+    from deployments.tensor_parallel_group import WORKER_NAME_PREFIX
+
+    return [actor for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["name"].startswith(WORKER_NAME_PREFIX)]

@@ -68,17 +68,22 @@ def format_cost_curve(timings: dict[int, float]) -> str:
 STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def cached_cost_model(loaded: LoadedModel, refresh: bool = False) -> CostModel:
+def cached_cost_model(loaded: LoadedModel, refresh: bool = False,
+                      target: TargetModel | None = None) -> CostModel:
     """The cost curve of ``loaded`` on this machine, measured on first use and then cached.
+    ``target``: how the model runs (default ``TargetModel(loaded.model)``; a split model's
+    ``ShardedTarget``, whose curve is kept apart by its size).
 
     Mutates: writes ``$TOOLSPEC_HOME/cost-curves/<key>.json`` when it measures (under a lock
     file beside it, so processes sharing the machine measure once).
     """
-    target = TargetModel(loaded.model)  # switches its attention to the function measured
+    target = target or TargetModel(loaded.model)  # switches attention to the one measured
     machine = describe_machine(loaded.device)
-    # Weight packing and the attention function change the curve.
+    # Weight packing, the attention function and the split change the curve.
     kernels = "|packed=onednn" if loaded.prepacked_linear else ""
     kernels += f"|attention={attention_implementation(loaded.model)}"
+    if loaded.tensor_parallel_size > 1:
+        kernels += f"|tensor_parallel={loaded.tensor_parallel_size}"
     key = hashlib.sha256(
         f"{loaded.name}|{dtype_name(loaded.dtype)}|{machine}{kernels}".encode()).hexdigest()
     path = toolspec_home() / "cost-curves" / f"{key[:16]}.json"

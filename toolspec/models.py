@@ -137,6 +137,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     prepacked_linear: bool = False  # linear weights prepacked for oneDNN (fp32 on CPU)
+    tensor_parallel_size: int = 1  # ranks holding a part of every layer (toolspec.tensor_parallel)
 
 
 def toolspec_home() -> Path:
@@ -392,8 +393,13 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     prepack_linear: bool = True,
+    tensor_parallel_size: int = 1,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, in eval mode, on ``device``.
+
+    ``tensor_parallel_size`` > 1: this rank's shards of the model, split by transformers'
+    tensor parallelism over the ``torch.distributed`` group this process joined
+    (``toolspec.tensor_parallel.init_group``); no weight packing then.
 
     ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise.
     ``prepack_linear``: linear weights are prepacked for oneDNN, which makes plain steps faster
@@ -406,13 +412,21 @@ def load_model(
         dtype = parse_dtype(dtype, device)
     source = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    if tensor_parallel_size > 1:
+        from toolspec.tensor_parallel import check_divides, load_sharded
+
+        check_divides(AutoConfig.from_pretrained(source), tensor_parallel_size)
+        model = load_sharded(source, tensor_parallel_size, dtype)
+        device = next(model.parameters()).device
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
     spec = REGISTRY.get(name_or_path)
     if spec is not None:
         restore_end_tokens(model, tokenizer, spec.end_tokens)
     use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
-    packed = prepack_linear and packing_available(device, dtype)
+    packed = prepack_linear and tensor_parallel_size == 1 and packing_available(device, dtype)
     if packed:
         pack_linear_layers(model)
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, prepacked_linear=packed)
+                       device=device, prepacked_linear=packed,
+                       tensor_parallel_size=tensor_parallel_size)

@@ -189,12 +189,14 @@ def budget_for(cost: CostModel | None, fixed_nodes: int | None) -> DraftBudget |
 
 def build_engine(loaded: LoadedModel, fixed_nodes: int | None = None,
                  cost: CostModel | None = None, draft_at_prefill: bool = True,
-                 prefill_chunk_tokens: int = 0) -> Engine:
+                 prefill_chunk_tokens: int = 0, target: TargetModel | None = None) -> Engine:
     """An engine whose trees follow ``cost`` (default: this machine's cached cost curve for
-    ``loaded``), or capped at ``fixed_nodes`` nodes (0: plain decoding)."""
+    ``loaded``), or capped at ``fixed_nodes`` nodes (0: plain decoding). ``target``: how the
+    model runs (default: ``TargetModel(loaded.model)``; a split model's ``ShardedTarget``)."""
     from toolspec.cost_curve import cached_cost_model  # measures on first use: import late
 
+    target = target or TargetModel(loaded.model)
     if fixed_nodes is None and cost is None:
-        cost = cached_cost_model(loaded)
-    return Engine(TargetModel(loaded.model), loaded.tokenizer, budget_for(cost, fixed_nodes),
+        cost = cached_cost_model(loaded, target=target)
+    return Engine(target, loaded.tokenizer, budget_for(cost, fixed_nodes),
                   draft_at_prefill=draft_at_prefill, prefill_chunk_tokens=prefill_chunk_tokens)

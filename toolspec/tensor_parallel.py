@@ -18,9 +18,11 @@ dead rank ends its replica instead of hanging it.
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,17 +54,21 @@ class ParallelGroup:
 
 
 def init_group(rank: int, size: int, address: str, port: int, backend: str = "gloo",
-               collective_timeout_s: float = 120.0) -> ParallelGroup:
+               collective_timeout_s: float = 120.0, local_rank: int | None = None
+               ) -> ParallelGroup:
     """Join the group of ``size`` ranks whose rank 0 listens on ``address:port``.
 
     ``backend``: gloo on CPU, nccl on GPUs (the model's collectives); plans always go over gloo
-    (they are Python objects). Mutates: this process's default ``torch.distributed`` group.
+    (they are Python objects). ``local_rank``: this rank's device index on its node (default:
+    ``rank``; 0 where each process sees only its own GPU, as under Ray). Mutates: this
+    process's default ``torch.distributed`` group and its RANK, WORLD_SIZE and LOCAL_RANK
+    environment variables (transformers places the shards by them).
     """
     if not 0 <= rank < size:
         raise TensorParallelError(f"rank {rank} is outside a group of {size}")
-    os.environ.setdefault("LOCAL_RANK", str(rank))  # transformers places shards by it
-    os.environ.setdefault("WORLD_SIZE", str(size))
-    os.environ.setdefault("RANK", str(rank))
+    os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
+    os.environ["WORLD_SIZE"] = str(size)
+    os.environ["RANK"] = str(rank)
     try:
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank,
                                 world_size=size,
@@ -131,14 +137,16 @@ class ShardedTarget(TargetModel):
         if group.rank != 0:
             raise TensorParallelError("only rank 0 drives the group; the others `follow`")
         self.group = group
-        self._next_id = 0
-        self._queued: list[tuple[Any, ...]] = []
+        self._ids = itertools.count()  # next() is atomic: caches are made on several threads
+        # Appended from any thread (a cache's finalizer runs wherever its last reference
+        # goes; requests open on the event loop, forwards run on the scheduler's thread):
+        # deque appends and pops are atomic, and operations on different caches commute.
+        self._queued: deque[tuple[Any, ...]] = deque()
         self._closed = False
 
     def new_cache(self) -> DynamicCache:
         cache = MirroredCache(config=self.model.config)
-        cache.mirror_id = self._next_id
-        self._next_id += 1
+        cache.mirror_id = next(self._ids)
         self._queued.append(("new", cache.mirror_id))
         # A cache rank 0 lets go of is dropped on the others with the next plan.
         weakref.finalize(cache, self._free, cache.mirror_id)
@@ -172,8 +180,10 @@ class ShardedTarget(TargetModel):
             _broadcast(Plan(self._take_queue(), stop=True), self.group)
 
     def _take_queue(self) -> list[tuple[Any, ...]]:
-        queued, self._queued = self._queued, []
-        return queued
+        taken = []
+        while self._queued:
+            taken.append(self._queued.popleft())
+        return taken
 
 
 def follow(model: PreTrainedModel, group: ParallelGroup) -> None:
