@@ -109,9 +109,7 @@ class TargetModel(CacheOperations):
         vocab]`` (None where ``logits`` is False).
 
         Mutates: each sequence's cache grows by its rows (see ``forward_tree``)."""
-        if not batch or any(not rows.pending for rows in batch):
-            raise ValueError("a forward needs at least one sequence, each with at least one "
-                             "pending token (its tree's root)")
+        check_batch(batch)
         ids, positions, spans, keep = [], [], [], []
         start = 0
         for rows in batch:
@@ -153,6 +151,14 @@ class TargetModel(CacheOperations):
         mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
         # A prompt with the first tree: its rows bitwise as a plain prefill's.
         return mask, (lead + 1 if len(tree) and lead else None)
+
+
+def check_batch(batch: Sequence[SequenceRows]) -> None:
+    """Raise ValueError unless ``batch`` is a forward's rows: at least one sequence, each with
+    at least one pending token."""
+    if not batch or any(not rows.pending for rows in batch):
+        raise ValueError("a forward needs at least one sequence, each with at least one "
+                         "pending token (its tree's root)")
 
 
 @torch.inference_mode()

@@ -21,6 +21,7 @@ import datetime
 import itertools
 import logging
 import os
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,7 +34,8 @@ import torch.distributed as dist
 from transformers import DynamicCache, PreTrainedModel
 
 from toolspec.draft_tree import DraftTree
-from toolspec.target_model import SequenceRows, TargetModel, commit_path, truncate_cache
+from toolspec.target_model import (SequenceRows, TargetModel, check_batch, commit_path,
+                                   truncate_cache)
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +145,9 @@ class ShardedTarget(TargetModel):
         # deque appends and pops are atomic, and operations on different caches commute.
         self._queued: deque[tuple[Any, ...]] = deque()
         self._closed = False
+        # A forward's broadcast and its collectives, or the closing broadcast: one at a time
+        # (close may come from another thread while the scheduler's forward runs).
+        self._group_lock = threading.Lock()
 
     def new_cache(self) -> DynamicCache:
         cache = MirroredCache(config=self.model.config)
@@ -165,19 +170,22 @@ class ShardedTarget(TargetModel):
         truncate_cache(cache, length)
 
     def forward(self, batch: Sequence[SequenceRows]) -> list[torch.Tensor | None]:
-        if self._closed:
-            raise TensorParallelError("the tensor-parallel group was closed")
-        plan = Plan(self._take_queue(), tuple(
-            RowsPlan(_mirror_id(rows.cache), rows.pending, rows.tree, rows.logits)
-            for rows in batch))
-        _broadcast(plan, self.group)
-        return super().forward(batch)
+        # Checked before the broadcast: once the others have the plan, rank 0 must run it too.
+        check_batch(batch)
+        rows = tuple(RowsPlan(_mirror_id(r.cache), r.pending, r.tree, r.logits) for r in batch)
+        with self._group_lock:
+            if self._closed:
+                raise TensorParallelError("the tensor-parallel group was closed")
+            _broadcast(Plan(self._take_queue(), rows), self.group)
+            return super().forward(batch)
 
     def close(self) -> None:
-        """Release the other ranks (their ``follow`` returns). Idempotent."""
-        if not self._closed:
-            self._closed = True
-            _broadcast(Plan(self._take_queue(), stop=True), self.group)
+        """Release the other ranks (their ``follow`` returns), after a forward in flight.
+        Idempotent."""
+        with self._group_lock:
+            if not self._closed:
+                self._closed = True
+                _broadcast(Plan(self._take_queue(), stop=True), self.group)
 
     def _take_queue(self) -> list[tuple[Any, ...]]:
         taken = []
