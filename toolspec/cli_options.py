@@ -23,6 +23,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="fp32 on CPU: linear weights prepacked for oneDNN at load, which "
                              "makes plain steps faster and verification forwards cheap "
                              "(default; --no-prepack-linear: PyTorch's stock kernels)")
+    parser.add_argument("--exact-bf16", action="store_true",
+                        help="bf16 on CPU: every generated token's logits bitwise those of a "
+                             "one-row step (linear layers in fixed 64-row tiles, attention row "
+                             "by row), so speculative outputs equal plain decoding's")
 
 
 @contextmanager

@@ -81,6 +81,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False,
     machine = describe_machine(loaded.device)
     # Weight packing, the attention function and the split change the curve.
     kernels = "|packed=onednn" if loaded.prepacked_linear else ""
+    kernels += "|exact_bf16" if loaded.exact_bf16 else ""
     kernels += f"|attention={attention_implementation(loaded.model)}"
     if loaded.tensor_parallel_size > 1:
         kernels += f"|tensor_parallel={loaded.tensor_parallel_size}"

@@ -48,6 +48,7 @@ def grouped_sdpa_attention(
     is_causal: bool | None = None,
     toolspec_causal_rows: int | None = None,
     toolspec_batch: RaggedBatch | None = None,
+    toolspec_prompt_rows: int = 0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Stock SDPA attention, except that a masked forward over grouped heads on CPU runs on the
@@ -97,13 +98,16 @@ RAGGED_BATCH = "toolspec_batch"
 class SequenceSpan:
     """One sequence's rows in a ragged forward: ``rows`` rows from ``start``, attended against
     ``cache`` (which takes their keys and values) under ``mask`` (None: causal, as a plain
-    forward of those rows alone); ``causal_rows`` as ``CAUSAL_ROWS``."""
+    forward of those rows alone); ``causal_rows`` as ``CAUSAL_ROWS``; ``prompt_rows``: the
+    leading rows that are prompt tokens (a prompt or a chunk of one, its last token included),
+    which plain decoding attends as one block too."""
 
     start: int
     rows: int
     cache: Cache
     mask: torch.Tensor | None
     causal_rows: int | None = None
+    prompt_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         rows = slice(span.start, span.start + span.rows)
         keys, values = span.cache.update(key[:, :, rows], value[:, :, rows], module.layer_idx)
         output, _ = attend(module, query[:, :, rows], keys, values, span.mask,
-                           toolspec_causal_rows=span.causal_rows, **kwargs)
+                           toolspec_causal_rows=span.causal_rows,
+                           toolspec_prompt_rows=span.prompt_rows, **kwargs)
         outputs.append(output)
     return torch.cat(outputs, dim=1), None
 
@@ -149,6 +154,77 @@ def register_ragged_attention(name: str, function: AttentionFunction) -> None:
 
 
 register_ragged_attention(GROUPED_SDPA, grouped_sdpa_attention)
+
+EXACT_ROWS = "toolspec_exact_rows"
+
+
+def exact_rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    toolspec_causal_rows: int | None = None,
+    toolspec_batch: RaggedBatch | None = None,
+    toolspec_prompt_rows: int = 0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention whose result for a generated token's row does not depend on the forward it
+    is in (exact bf16, issue 37). Prompt rows are attended as one block, exactly as
+    ``grouped_sdpa_attention`` (and so plain decoding's prefill) does. Every other row — a
+    decoding step's token, a draft tree's root and nodes — is attended on its own: the keys it
+    sees gathered in position order (for a tree node: the prefix, then its ancestors — the
+    keys a one-row step at its position holds, bitwise, where the linear layers are
+    row-independent), and ``softmax(q·Kᵀ·scale)·V`` computed in fp32 with the same shapes as
+    that step's. SDPA's kernels block rows and keys by the call's shape, so a row among others
+    would round apart. Costs a Python loop over those rows per layer."""
+    if toolspec_batch is not None:
+        return ragged_attention(module, query, key, value, toolspec_batch,
+                                attend=exact_rows_attention, dropout=dropout, scaling=scaling,
+                                is_causal=is_causal, **kwargs)
+    rows, seen = query.shape[2], key.shape[2]
+    block = toolspec_prompt_rows if toolspec_prompt_rows > 1 else 0
+    outputs = []
+    if block:
+        earlier = seen - rows + block  # the keys a forward of the prompt rows alone holds
+        mask = None if attention_mask is None or earlier == block \
+            else attention_mask[..., :block, :earlier]
+        lead, _ = grouped_sdpa_attention(module, query[:, :, :block], key[:, :, :earlier],
+                                         value[:, :, :earlier], mask, dropout=dropout,
+                                         scaling=scaling, is_causal=is_causal, **kwargs)
+        outputs.append(lead)
+    if block < rows:
+        outputs.append(_row_by_row(query, key, value, attention_mask, block,
+                                   scaling if scaling is not None else query.shape[-1] ** -0.5))
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), None
+
+
+def _row_by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, first: int, scale: float) -> torch.Tensor:
+    """Rows ``first..`` of ``query`` ``[1, heads, rows, dim]`` attended one at a time against
+    the keys their ``mask`` row shows (None: all); returns ``[1, rows - first, heads, dim]``."""
+    heads, dim = query.shape[1], query.shape[-1]
+    kv_heads = key.shape[1]
+    keys, values = key[0].float(), value[0].float()  # [kv_heads, seen, dim], contiguous
+    grouped = query[0, :, first:].float().transpose(0, 1).reshape(-1, kv_heads,
+                                                                  heads // kv_heads, dim)
+    visible = None if mask is None else (mask[0, 0, first:] == 0)
+    outputs = []
+    for row in range(len(grouped)):
+        if visible is None:
+            row_keys, row_values = keys, values
+        else:  # the keys this row sees, in position order: as contiguous as a step's cache
+            shown = visible[row].nonzero().squeeze(1)
+            row_keys, row_values = keys.index_select(1, shown), values.index_select(1, shown)
+        scores = torch.bmm(grouped[row], row_keys.transpose(1, 2)).mul_(scale)
+        outputs.append(torch.bmm(torch.softmax(scores, dim=-1), row_values))
+    return torch.stack(outputs).reshape(1, len(outputs), heads, dim).to(query.dtype)
+
+
+register_ragged_attention(EXACT_ROWS, exact_rows_attention)
 
 
 def attention_implementation(model: PreTrainedModel) -> str:

@@ -30,8 +30,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.grouped_attention import use_grouped_tree_attention
-from toolspec.packed_linear import pack_linear_layers, packing_available
+from toolspec.grouped_attention import EXACT_ROWS, use_grouped_tree_attention
+from toolspec.packed_linear import (EXACT_TILE_ROWS, exact_tiles_available, pack_linear_layers,
+                                     packing_available)
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 _MARKER = "toolspec-source.json"
@@ -138,6 +139,7 @@ class LoadedModel:
     device: torch.device
     prepacked_linear: bool = False  # linear weights prepacked for oneDNN (fp32 on CPU)
     tensor_parallel_size: int = 1  # ranks holding a part of every layer (toolspec.tensor_parallel)
+    exact_bf16: bool = False  # rows computed as one-row steps compute them (issue 37)
 
 
 def toolspec_home() -> Path:
@@ -388,18 +390,34 @@ def freeze_loaded_objects() -> None:
     gc.freeze()
 
 
+def use_exact_bf16(model: PreTrainedModel) -> None:
+    """Run ``model`` (bf16, on a CPU where ``exact_tiles_available``) so that a row's logits do
+    not depend on the forward it is in: linear layers in fixed tiles of prepacked weights,
+    attention row by row (see ``load_model``'s ``exact_bf16``). Mutates: ``model``'s linear
+    layers and attention implementation."""
+    pack_linear_layers(model, tile_rows=EXACT_TILE_ROWS)
+    model.set_attn_implementation(EXACT_ROWS)
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     prepack_linear: bool = True,
     tensor_parallel_size: int = 1,
+    exact_bf16: bool = False,
 ) -> LoadedModel:
     """Load a target model and its tokenizer, in eval mode, on ``device``.
 
     ``tensor_parallel_size`` > 1: this rank's shards of the model, split by transformers'
     tensor parallelism over the ``torch.distributed`` group this process joined
     (``toolspec.tensor_parallel.init_group``); no weight packing then.
+
+    ``exact_bf16`` (bf16 on a CPU with oneDNN; ignored elsewhere): every generated token's row
+    gets bitwise the logits a one-row step gives it, whatever forward it is verified in — linear
+    layers in fixed tiles of prepacked weights, attention row by row
+    (``grouped_attention.exact_rows_attention``) — so speculative decoding reproduces plain
+    decoding in bf16 as it does in fp32. Plain decoding runs through the same kernels.
 
     ``dtype`` defaults to bf16 where the hardware runs it fast, fp32 otherwise.
     ``prepack_linear``: linear weights are prepacked for oneDNN, which makes plain steps faster
@@ -424,9 +442,12 @@ def load_model(
     if spec is not None:
         restore_end_tokens(model, tokenizer, spec.end_tokens)
     use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
+    exact = exact_bf16 and tensor_parallel_size == 1 and exact_tiles_available(device, dtype)
     packed = prepack_linear and tensor_parallel_size == 1 and packing_available(device, dtype)
-    if packed:
+    if exact:
+        use_exact_bf16(model)
+    elif packed:
         pack_linear_layers(model)
     return LoadedModel(name=name_or_path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, prepacked_linear=packed,
-                       tensor_parallel_size=tensor_parallel_size)
+                       device=device, prepacked_linear=packed or exact,
+                       tensor_parallel_size=tensor_parallel_size, exact_bf16=exact)

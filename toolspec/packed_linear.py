@@ -31,6 +31,22 @@ from torch import nn
 _LAYOUT_ROWS = 128
 
 
+# Exact bf16 (``exact_bf16``): every call runs in tiles of exactly this many rows. oneDNN's
+# bf16 kernels round a row apart with the row count of the call (not with its position in the
+# call, nor with what the other rows hold: docs/benchmarks.md, issue 37), so a fixed tile gives
+# a verification row bitwise the bits of a one-row step; 64 rows cost about a stock one-row
+# call on an AMX Xeon.
+EXACT_TILE_ROWS = 64
+
+
+def exact_tiles_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where fixed-tile bf16 linears exist: bf16 on a CPU build of torch with oneDNN."""
+    return (device.type == "cpu" and dtype == torch.bfloat16
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """True where prepacked weights pay and exist: fp32 on a CPU build of torch with oneDNN."""
     return (
@@ -51,18 +67,21 @@ class PackedLinear(nn.Module):
     CPU, for inference only).
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, tile_rows: int | None = None) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.tile_rows = tile_rows  # every call in tiles of exactly this many rows (exact bf16)
         with torch.no_grad():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(),
-                                                                   _LAYOUT_ROWS)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(
+                linear.weight.detach(), tile_rows or _LAYOUT_ROWS)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = inputs.numel() // self.in_features if self.in_features else 0
+        if self.tile_rows is not None:
+            return self._tiled(inputs, rows)
         if rows == 1:
             # oneDNN runs a single row through a kernel of its own, which on AVX-512 CPUs rounds
             # some layers apart from the same row among others (every count from 2 to 1,024
@@ -73,21 +92,36 @@ class PackedLinear(nn.Module):
                                                       [], "")[..., :1, :]
         return torch.ops.mkldnn._linear_pointwise(inputs, self._packed, self.bias, "none", [], "")
 
+    def _tiled(self, inputs: torch.Tensor, rows: int) -> torch.Tensor:
+        """Every row through a call of exactly ``tile_rows`` rows (the last tile padded with
+        zeros), so its bits do not depend on how many rows came with it."""
+        tile = self.tile_rows
+        flat = inputs.reshape(rows, self.in_features)
+        padded = torch.nn.functional.pad(flat, (0, 0, 0, -rows % tile))
+        outputs = [torch.ops.mkldnn._linear_pointwise(padded[start: start + tile], self._packed,
+                                                      self.bias, "none", [], "")
+                   for start in range(0, len(padded), tile)]
+        joined = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return joined[:rows].reshape(*inputs.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
+        tiles = f", in tiles of {self.tile_rows} rows" if self.tile_rows else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, prepacked for oneDNN")
+                f"bias={self.bias is not None}, prepacked for oneDNN{tiles}")
 
 
-def pack_linear_layers(model: nn.Module) -> int:
+def pack_linear_layers(model: nn.Module, tile_rows: int | None = None) -> int:
     """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear``; return how many.
+    ``tile_rows``: every call in tiles of that many rows (``EXACT_TILE_ROWS`` for exact bf16).
 
     Mutates: ``model``'s submodules (weights are shared, not copied; packed copies are added).
-    Call it only where ``packing_available`` holds and only on a model used for inference.
+    Call it only where ``packing_available`` (or, with tiles, ``exact_tiles_available``) holds
+    and only on a model used for inference.
     """
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(module))
+        setattr(parent, child, PackedLinear(module, tile_rows))
     return len(targets)

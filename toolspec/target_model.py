@@ -118,7 +118,8 @@ class TargetModel(CacheOperations):
             ids.append(rows.tree.input_ids(rows.pending, self.device))
             positions.append(rows.tree.position_ids(prefix, self.device, lead=lead))
             spans.append(SequenceSpan(start, rows.rows, rows.cache,
-                                      *self._mask(rows.tree, prefix, lead)))
+                                      *self._mask(rows.tree, prefix, lead),
+                                      prompt_rows=lead + 1 if lead else 0))
             if rows.logits:
                 keep.extend(range(start + lead, start + rows.rows))
             start += rows.rows

@@ -150,7 +150,8 @@ def _bench(args: argparse.Namespace) -> int:
     if not items:
         print(f"{args.data}: no items", file=sys.stderr)
         return 2
-    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
+    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear,
+                        exact_bf16=args.exact_bf16)
     if args.concurrency:
         return _bench_concurrency(args, loaded, items, methods)
     if args.out:
@@ -255,7 +256,8 @@ def _run_settings(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, An
     from toolspec.bench.resume import measuring_code_digest
 
     return {"model": loaded.name, "dtype": dtype_name(loaded.dtype),
-            "prepacked_linear": loaded.prepacked_linear, "data": str(args.data),
+            "prepacked_linear": loaded.prepacked_linear, "exact_bf16": loaded.exact_bf16,
+            "data": str(args.data),
             "skip": args.skip,
             "draft_budget": args.budget or "auto", "max_new_tokens": args.max_new_tokens,
             "format": args.format, "draft_at_prefill": args.draft_at_prefill,
@@ -352,7 +354,8 @@ def _cost_curve(args: argparse.Namespace) -> int:
     from toolspec.models import load_model
     from toolspec.target_model import TargetModel
 
-    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear)
+    loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear,
+                        exact_bf16=args.exact_bf16)
     sizes = [k for k in DEFAULT_SIZES if k <= args.max_k]
     timings = measure_cost_curve(TargetModel(loaded.model), args.prefix, sizes, args.repeats)
     print(f"{loaded.name} {dtype_name(loaded.dtype)}, {args.prefix}-token prefix\n"

@@ -295,6 +295,7 @@ def results_document(
         "item_ids": list(item_ids),
         "machine": describe_machine(loaded.device),
         "prepacked_linear": loaded.prepacked_linear,
+        "exact_bf16": loaded.exact_bf16,
         **extra,
         "methods": summary,
     }
@@ -338,6 +339,8 @@ def _milliseconds(value: float | None) -> str:
 def linear_kernels(document: Mapping[str, Any]) -> str:
     """How a ``results.json`` or ``cost_curve.json`` document's fp32 linear layers ran ("" for
     other dtypes, where the stock kernels are the only ones)."""
+    if document.get("exact_bf16"):
+        return "exact bf16: linear weights prepacked in 64-row tiles, attention row by row"
     if document.get("prepacked_linear"):
         return "linear weights prepacked for oneDNN"
     rows = document.get("packed_rows")  # documents before 2026-12-02: MKL packs per row count
