@@ -52,6 +52,9 @@ class ModelConfig(_Strict):
     prefill_chunk_tokens: int = Field(
         512, ge=0, description="a prompt is prefilled this many tokens per forward, other "
                                "requests' steps in between (0: whole prompts)")
+    exact_bf16: bool = Field(
+        False, description="bf16 on CPU: speculative outputs bitwise plain decoding's, at a "
+                           "cost per verified row (docs/benchmarks.md, issue 37)")
     replicas: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="ranks per replica, each holding a part of every layer "
@@ -171,7 +174,8 @@ class AppConfig(_Strict):
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
                               prepack_linear=self.model.prepack_linear,
                               prefill_chunk_tokens=self.model.prefill_chunk_tokens,
-                              tensor_parallel_size=self.model.tensor_parallel_size)
+                              tensor_parallel_size=self.model.tensor_parallel_size,
+                              exact_bf16=self.model.exact_bf16)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),

@@ -69,6 +69,9 @@ class EngineSettings:
     # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
     # group (deployments.tensor_parallel_group). 1: the whole model in the replica.
     tensor_parallel_size: int = 1
+    # bf16 on CPU: speculative outputs bitwise plain decoding's (issue 37), at a cost per
+    # verified row (docs/benchmarks.md); plain decoding runs through the same kernels.
+    exact_bf16: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class ToolSpecChatEngine:
             self.loaded, self.target = self.group.loaded, self.group.target
         else:
             self.loaded = load_model(settings.model, settings.dtype,
-                                     prepack_linear=settings.prepack_linear)
+                                     prepack_linear=settings.prepack_linear,
+                                     exact_bf16=settings.exact_bf16)
             self.target = TargetModel(self.loaded.model)
         self.engine = _engine(self.loaded, settings, self.target)
         self.sessions = SessionKVStore(settings.session_kv_bytes,
@@ -137,7 +141,8 @@ class ToolSpecChatEngine:
         return {"model": self.loaded.name, "dtype": dtype_name(self.loaded.dtype),
                 "context_tokens": self.loaded.model.config.max_position_embeddings,
                 "draft_budget": self.settings.draft_budget,
-                "tensor_parallel_size": self.loaded.tensor_parallel_size}
+                "tensor_parallel_size": self.loaded.tensor_parallel_size,
+                "exact_bf16": self.loaded.exact_bf16}
 
     def check_health(self) -> None:
         if self.group is not None and not self.group.alive():

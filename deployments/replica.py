@@ -250,7 +250,7 @@ class ModelServer:
             replica.engine.close()
 
 
-def _loaded_as(settings: EngineSettings) -> tuple[str, str, bool, int]:
+def _loaded_as(settings: EngineSettings) -> tuple[str, str, bool, int, bool]:
     """The settings whose change reloads the model (the others apply in place)."""
     return (settings.model, settings.dtype, settings.prepack_linear,
-            settings.tensor_parallel_size)
+            settings.tensor_parallel_size, settings.exact_bf16)
