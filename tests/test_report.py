@@ -311,6 +311,14 @@ def test_report_config_and_the_cli_from_existing_runs(tmp_path: Path, capsys) ->
     config.write_text(config.read_text().replace('model = "toy"',
                                                  'model = "toy"\nprepack_linear = false'))
     assert not load_config(config).prepack_linear
+    assert not load_config(config).exact_bf16
+    config.write_text(config.read_text().replace('model = "toy"',
+                                                 'model = "toy"\nexact_bf16 = true'))
+    assert load_config(config).exact_bf16
+    config.write_text(config.read_text().replace("exact_bf16 = true", 'exact_bf16 = "yes"'))
+    with pytest.raises(ReportConfigError, match="exact_bf16 must be true or false"):
+        load_config(config)
+    config.write_text(config.read_text().replace('exact_bf16 = "yes"\n', ""))
     for bad in ('"no"', "0", "[8, 16]"):
         config.write_text(config.read_text().replace("prepack_linear = false",
                                                      f"prepack_linear = {bad}"))

@@ -253,7 +253,7 @@ def test_a_two_rank_replica_answers_a_call_and_is_replaced_when_a_rank_dies(
     finally:
         serve.delete("split")
 
-    assert listed[0]["root"] == "qwen2.5-coder-0.5b"
+    assert listed[0]["root"] == "qwen2.5-coder-0.5b" and listed[0]["tensor_parallel_size"] == 2
     loaded = load_model("qwen2.5-coder-0.5b", "float32", prepack_linear=False)
     prompt, _ = chat_prompt(loaded.tokenizer, [{"role": "user", "content": "Weather in Oslo?"}],
                             [WEATHER])

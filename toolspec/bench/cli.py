@@ -322,6 +322,7 @@ def _report(args: argparse.Namespace) -> int:
                     "--data", dataset.data, "--methods", config.methods,
                     "--budget", config.budget, "--max-new-tokens", str(config.max_new_tokens),
                     "--prepack-linear" if config.prepack_linear else "--no-prepack-linear",
+                    *(["--exact-bf16"] if config.exact_bf16 else []),
                     "--out", str(runs_dir / dataset.name)]
             if dataset.limit is not None:
                 argv += ["--limit", str(dataset.limit)]

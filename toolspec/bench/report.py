@@ -83,6 +83,7 @@ class ReportConfig:
     out: Path = Path("results/report")
     docs: Path = Path("docs")
     prepack_linear: bool = True  # as ``--prepack-linear``
+    exact_bf16: bool = False  # as ``--exact-bf16``
 
     def limited(self, limit: int | None) -> ReportConfig:
         """Every data set capped at ``limit`` items (None: as configured)."""
@@ -119,13 +120,14 @@ def load_config(path: Path) -> ReportConfig:
     return ReportConfig(datasets, methods, model, str(raw.get("dtype", "auto")),
                         str(raw.get("budget", "auto")), int(raw.get("max_new_tokens", 192)),
                         Path(raw.get("out", "results/report")), Path(raw.get("docs", base)),
-                        _prepack_linear(path, raw.get("prepack_linear", True)))
+                        _flag(path, "prepack_linear", raw.get("prepack_linear", True)),
+                        _flag(path, "exact_bf16", raw.get("exact_bf16", False)))
 
 
-def _prepack_linear(path: Path, value: Any) -> bool:
-    """The config's ``prepack_linear`` (true or false), as ``--prepack-linear`` takes it."""
+def _flag(path: Path, name: str, value: Any) -> bool:
+    """A true-or-false option of the config (``prepack_linear``, ``exact_bf16``)."""
     if not isinstance(value, bool):
-        raise ReportConfigError(f"{path}: prepack_linear must be true or false, got {value!r}")
+        raise ReportConfigError(f"{path}: {name} must be true or false, got {value!r}")
     return value
 
 
