@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import logging
 import os
 import threading
 import weakref
@@ -36,8 +35,6 @@ from transformers import DynamicCache, PreTrainedModel
 from toolspec.draft_tree import DraftTree
 from toolspec.target_model import (SequenceRows, TargetModel, check_batch, commit_path,
                                    truncate_cache)
-
-logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = datetime.timedelta(days=7)  # the plan group: rank 0 may wait this long for work
 
