@@ -17,6 +17,7 @@ import gc
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -31,8 +32,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.grouped_attention import EXACT_ROWS, use_grouped_tree_attention
-from toolspec.packed_linear import (EXACT_TILE_ROWS, exact_tiles_available, pack_linear_layers,
-                                     packing_available)
+from toolspec.packed_linear import (EXACT_TILE_ROWS, cpu_supports_fast_bf16,
+                                   exact_tiles_available, pack_linear_layers, packing_available)
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 _MARKER = "toolspec-source.json"
@@ -144,18 +147,6 @@ class LoadedModel:
 
 def toolspec_home() -> Path:
     return Path(os.environ.get("TOOLSPEC_HOME", Path.home() / ".cache" / "toolspec"))
-
-
-def cpu_supports_fast_bf16() -> bool:
-    """True when this CPU has bf16 matrix instructions (AMX or AVX512-BF16).
-
-    Without them PyTorch emulates bf16 matmuls and they run several times slower than fp32.
-    """
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
 
 
 def default_device() -> torch.device:
@@ -443,6 +434,10 @@ def load_model(
         restore_end_tokens(model, tokenizer, spec.end_tokens)
     use_grouped_tree_attention(model)  # same numbers as stock SDPA, without copying K/V heads
     exact = exact_bf16 and tensor_parallel_size == 1 and exact_tiles_available(device, dtype)
+    if exact_bf16 and not exact and dtype == torch.bfloat16:
+        logger.warning("exact_bf16 is not available here (it needs bf16 on a CPU with AMX or "
+                       "AVX512-BF16, one rank); bf16 outputs may differ from plain decoding "
+                       "at near-ties")
     packed = prepack_linear and tensor_parallel_size == 1 and packing_available(device, dtype)
     if exact:
         use_exact_bf16(model)

@@ -23,6 +23,8 @@ Cost: one reordered copy of every weight (as much memory as the weights again: 2
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -39,9 +41,22 @@ _LAYOUT_ROWS = 128
 EXACT_TILE_ROWS = 64
 
 
+def cpu_supports_fast_bf16() -> bool:
+    """True when this CPU has bf16 matrix instructions (AMX or AVX512-BF16).
+
+    Without them PyTorch emulates bf16 matmuls and they run several times slower than fp32.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
+
+
 def exact_tiles_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """True where fixed-tile bf16 linears exist: bf16 on a CPU build of torch with oneDNN."""
-    return (device.type == "cpu" and dtype == torch.bfloat16
+    """True where fixed-tile bf16 linears exist and were measured row-independent: bf16 on a
+    CPU with bf16 matrix instructions, in a build of torch with oneDNN."""
+    return (device.type == "cpu" and dtype == torch.bfloat16 and cpu_supports_fast_bf16()
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
