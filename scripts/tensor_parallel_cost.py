@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
 
 from toolspec.cost_curve import DEFAULT_SIZES, format_cost_curve, measure_cost_curve
-from toolspec.models import load_model, parse_dtype, resolve_model_dir
+from toolspec.models import parse_dtype, resolve_model_dir
 from toolspec.target_model import TargetModel
 
 
@@ -61,7 +62,7 @@ def split_curve(path: str, size: int, dtype: str, threads: int, sizes: tuple[int
     return curve
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -69,15 +70,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads per rank")
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES[:12])))
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = tuple(int(k) for k in args.sizes.split(","))
 
     torch.set_num_threads(args.threads * args.size)
-    loaded = load_model(args.model, args.dtype, prepack_linear=False)  # as the ranks load it
-    whole = measure_cost_curve(TargetModel(loaded.model), sizes=sizes)
-    del loaded
-    split = split_curve(str(resolve_model_dir(args.model)), args.size, args.dtype,
-                        args.threads, sizes)
+    path = str(resolve_model_dir(args.model))
+    # The weights as the ranks load them, whole (no packing: split models run stock kernels).
+    whole_model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=parse_dtype(args.dtype, torch.device("cpu")), attn_implementation="sdpa")
+    whole = measure_cost_curve(TargetModel(whole_model.eval()), sizes=sizes)
+    del whole_model
+    split = split_curve(path, args.size, args.dtype, args.threads, sizes)
     print(f"TP=1 ({args.threads * args.size} threads)\n{format_cost_curve(whole)}\n")
     print(f"TP={args.size} ({args.threads} thread(s) per rank, gloo)\n"
           f"{format_cost_curve(split)}\n")

@@ -139,3 +139,22 @@ def test_a_sharded_target_refuses_caches_it_did_not_make() -> None:
     with pytest.raises(TensorParallelError, match="no copies on the other ranks"):
         _mirror_id(TargetModel(tiny_model("qwen2", VOCAB)).new_cache())
     assert issubclass(TargetModel, CacheOperations)
+
+
+def test_the_cost_script_times_both_sizes_on_a_saved_model(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    saved = tmp_path / "tiny-qwen2"  # the cost curve draws tokens from 100 to vocab - 100
+    tiny_model("qwen2", vocab_size=512).save_pretrained(saved)
+    script = Path(__file__).parent.parent / "scripts" / "tensor_parallel_cost.py"
+    out = tmp_path / "tp-cost.json"
+    done = subprocess.run([sys.executable, str(script), "--model", str(saved),
+                           "--dtype", "fp32", "--sizes", "1,2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["seconds_tp1"]) == set(report["seconds_tp2"]) == {"1", "2"}
+    assert all(seconds > 0 for seconds in report["seconds_tp2"].values())
+    assert "TP=2 / TP=1" in done.stdout
