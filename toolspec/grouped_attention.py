@@ -67,12 +67,9 @@ def grouped_sdpa_attention(
     if toolspec_causal_rows is not None and attention_mask is not None \
             and 0 < toolspec_causal_rows < rows:
         causal = toolspec_causal_rows
-        seen = key.shape[2] - rows + causal  # the keys a forward of the causal rows alone holds
-        # With nothing cached the plain forward ran unmasked (is_causal): so must these rows.
-        lead_mask = None if seen == causal else attention_mask[..., :causal, :seen]
-        lead, _ = grouped_sdpa_attention(
-            module, query[:, :, :causal], key[:, :, :seen], value[:, :, :seen], lead_mask,
-            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        lead = _leading_rows_alone(module, query, key, value, attention_mask, causal,
+                                   dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                   **kwargs)
         tree, _ = grouped_sdpa_attention(
             module, query[:, :, causal:], key, value, attention_mask[..., causal:, :],
             dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
@@ -87,6 +84,21 @@ def grouped_sdpa_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
         enable_gqa=True)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _leading_rows_alone(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, attention_mask: torch.Tensor | None, leading: int,
+                        **kwargs: Any) -> torch.Tensor:
+    """The first ``leading`` rows attended exactly as a forward of those rows alone would be
+    (``CAUSAL_ROWS``): against the keys that forward holds, unmasked when nothing was cached
+    before them (the plain forward ran causal, without a mask)."""
+    rows = query.shape[2]
+    seen = key.shape[2] - rows + leading  # the keys a forward of those rows alone holds
+    mask = None if attention_mask is None or seen == leading \
+        else attention_mask[..., :leading, :seen]
+    output, _ = grouped_sdpa_attention(module, query[:, :, :leading], key[:, :, :seen],
+                                       value[:, :, :seen], mask, **kwargs)
+    return output
 
 
 # Model keyword argument carrying a ``RaggedBatch``: the forward's rows belong to several
@@ -185,17 +197,13 @@ def exact_rows_attention(
         return ragged_attention(module, query, key, value, toolspec_batch,
                                 attend=exact_rows_attention, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)
-    rows, seen = query.shape[2], key.shape[2]
+    rows = query.shape[2]
     block = toolspec_prompt_rows if toolspec_prompt_rows > 1 else 0
     outputs = []
     if block:
-        earlier = seen - rows + block  # the keys a forward of the prompt rows alone holds
-        mask = None if attention_mask is None or earlier == block \
-            else attention_mask[..., :block, :earlier]
-        lead, _ = grouped_sdpa_attention(module, query[:, :, :block], key[:, :, :earlier],
-                                         value[:, :, :earlier], mask, dropout=dropout,
-                                         scaling=scaling, is_causal=is_causal, **kwargs)
-        outputs.append(lead)
+        outputs.append(_leading_rows_alone(module, query, key, value, attention_mask, block,
+                                           dropout=dropout, scaling=scaling,
+                                           is_causal=is_causal, **kwargs))
     if block < rows:
         outputs.append(_row_by_row(query, key, value, attention_mask, block,
                                    scaling if scaling is not None else query.shape[-1] ** -0.5))
