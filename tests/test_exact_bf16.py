@@ -8,12 +8,14 @@ import random
 import pytest
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.draft_tree import DraftTree
 from toolspec.models import use_exact_bf16
 from toolspec.packed_linear import EXACT_TILE_ROWS, PackedLinear, exact_tiles_available
+from toolspec.target_model import SequenceRows
 
 VOCAB = 96
 pytestmark = pytest.mark.skipif(not exact_tiles_available(torch.device("cpu"), torch.bfloat16),
@@ -86,8 +88,52 @@ def test_speculative_and_batched_decoding_reproduce_plain_decoding_in_bf16(
     assert [g.tokens for g in engine.run(jobs)] == plain
 
 
+def assert_rows_are_one_row_steps(model: TargetModel, prompt: list[int], tokens: list[int],
+                                  other_prompt: list[int], vocab: int) -> None:
+    """Verification forwards of 1..64 rows, and one forward holding a prompt, a chain and a
+    branching tree of three requests: every row's logits are its one-row step's, bitwise."""
+    assert len(tokens) >= 64
+    steps = one_row_steps(model, prompt, tokens)  # steps[i]: after the prompt and tokens[:i]
+
+    def decoded(count: int) -> DynamicCache:
+        cache = model.new_cache()
+        model.prefill(cache, prompt)
+        for token in tokens[:count]:
+            model.forward_tree(cache, [token], DraftTree())
+        return cache
+
+    for rows in range(1, 65):
+        chain = DraftTree.from_sequences([(tokens[1:rows], "truth")]) if rows > 1 else DraftTree()
+        verified = model.forward_tree(decoded(0), tokens[:1], chain)
+        assert len(verified) == rows
+        assert all(torch.equal(verified[i], steps[1 + i]) for i in range(rows)), rows
+    alone = model.prefill(model.new_cache(), other_prompt)
+    branching = DraftTree.from_sequences([(tokens[1:9], "truth"),
+                                          ([tokens[1], (tokens[2] + 1) % vocab], "wrong"),
+                                          ([(tokens[1] + 1) % vocab], "wrong")])
+    truth_rows = [0, *(node + 1 for node in branching.path_to(branching.leaves()[0]))]
+    assert [branching.tokens[row - 1] for row in truth_rows[1:]] == tokens[1:9]
+    prompt_logits, chain_logits, tree_logits = model.forward([
+        SequenceRows(model.new_cache(), tuple(other_prompt)),
+        SequenceRows(decoded(3), (tokens[3],), DraftTree.from_sequences([(tokens[4:14], "truth")])),
+        SequenceRows(decoded(0), (tokens[0],), branching)])
+    assert torch.equal(prompt_logits[-1], alone)
+    assert all(torch.equal(chain_logits[i], steps[4 + i]) for i in range(11))
+    assert all(torch.equal(tree_logits[row], steps[1 + depth])
+               for depth, row in enumerate(truth_rows))
+
+
+def test_every_row_count_to_64_and_a_mixed_batch_give_each_row_its_one_row_bits(
+        tiny_family: str) -> None:
+    rng = random.Random(5)
+    assert_rows_are_one_row_steps(exact_model(tiny_family, seed=5),
+                                  [rng.randrange(VOCAB) for _ in range(20)],
+                                  [rng.randrange(VOCAB) for _ in range(64)],
+                                  [rng.randrange(VOCAB) for _ in range(33)], VOCAB)
+
+
 @pytest.mark.real_model
-def test_smollm2_tree_rows_are_bitwise_one_row_steps() -> None:
+def test_smollm2_rows_of_trees_and_mixed_batches_are_bitwise_one_row_steps() -> None:
     from toolspec.models import load_model
 
     loaded = load_model("smollm2-135m", "bf16", exact_bf16=True)
@@ -105,3 +151,5 @@ def test_smollm2_tree_rows_are_bitwise_one_row_steps() -> None:
     tree = DraftTree.from_sequences([(tokens, "truth")])
     verified = model.forward_tree(model.new_cache(), prompt, tree)
     assert all(torch.equal(verified[i], steps[i]) for i in range(len(tokens) + 1))
+    assert_rows_are_one_row_steps(model, prompt, [rng.randrange(100, 20000) for _ in range(64)],
+                                  [rng.randrange(100, 20000) for _ in range(41)], model.vocab_size)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from toolspec.bench.analysis import (Run, history_label, read_run, same_output_speedup,
-                                     step_accepted, tool_history)
+from toolspec.bench.analysis import (Run, history_label, off_format_comparison, read_run,
+                                     same_output_speedup, step_accepted, tool_history)
 from toolspec.bench.resume import read_item_results
 from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, ReportDataset,
                                    divergence_rows, goal_rows, goals_for, load_config,
@@ -277,6 +277,18 @@ def test_tokens_accepted_in_the_prompts_forward_are_prefills() -> None:
     assert entry["e2e_speedup"] > 1 and entry["ttft_s"] == fast.prefill_s
 
 
+def test_an_accepted_end_token_at_prefill_is_no_output_token() -> None:
+    """A whole 20-token output riding on the prompt's forward: its tree accepted the 19 tokens
+    after the first and the end token (20 accepted). The decode phase emitted nothing; it must
+    not count -1 tokens (which turned the oracle's decode speed-up negative)."""
+    whole = replace(result("it-0", "oracle", "x", 0.0, 0, 19), prefill_accepted=20)
+    assert (whole.prefill_emitted, whole.after_first_forward) == (19, 0)
+    assert whole.verification_counts() == (0, 0)
+    entry = summarize([result("it-0", "ar", "x", 4.0, 19, 19), whole], ["ar", "oracle"])["oracle"]
+    assert entry["prefill_accepted"] == 19
+    assert entry["decode_tokens_per_s"] == 0.0 and entry["mat"] == 0.0
+
+
 def test_the_report_says_which_sets_were_tuned_on() -> None:
     run = Run(name="l1", results=tuple(toy_results(2)),
               document={"model": "m", "dtype": "bf16", "items": 2, "machine": "toy",
@@ -357,3 +369,31 @@ def test_goal_table_shows_the_same_outputs_ratio_against_the_best_baseline() -> 
     text = report_markdown([run], [], "make report")
     # toolspec: 0.5 + 1.0 and 0.5 + 1.1 s; suffix 2.5 s twice
     assert f"{5.0 / 3.1:.2f}× (2/2)" in text
+
+
+def test_off_format_items_compare_toolspec_with_the_baseline_where_ar_left_the_format() -> None:
+    off = {"format_adherent": False}
+    results = [
+        result("a", "ar", "prose", 4.0, 20, 20, **off),
+        result("a", "suffix", "prose", 2.0, 8, 20, **off),
+        result("a", "toolspec", "prose", 1.5, 6, 20, by_source={"suffix": 9, "retrieval": 5},
+               **off),
+        result("b", "ar", "call", 4.0, 20, 20, format_adherent=True),
+        result("b", "suffix", "call", 2.0, 8, 20, format_adherent=True),
+        result("b", "toolspec", "call", 0.5, 2, 20, by_source={"schema/name": 18},
+               format_adherent=True),
+        result("c", "ar", "old", 4.0, 20, 20),  # scored before adherence existed: left out
+        result("c", "suffix", "old", 2.0, 8, 20), result("c", "toolspec", "old", 1.0, 4, 20),
+    ]
+    comparison = off_format_comparison(results, "toolspec", "suffix")
+    assert (comparison.items, comparison.of) == (1, 3)
+    assert comparison.speedup == pytest.approx((0.5 + 2.0) / (0.5 + 1.5))
+    assert (comparison.mat, comparison.other_mat) == (20 / 6, 20 / 8)
+    assert comparison.source_shares == {"suffix": 9 / 21, "retrieval": 5 / 21}
+    assert off_format_comparison(results[3:], "toolspec", "suffix").speedup is None
+    run = Run("toy", {"model": "m", "dtype": "bf16", "items": 3, "machine": "toy",
+                      "methods": {"ar": {}, "suffix": {}, "toolspec": {}}}, tuple(results))
+    text = report_markdown([run], [], "make report")
+    assert "## Where plain decoding leaves the call format" in text
+    assert f"| toy | 1/3 | suffix | {2.5 / 2.0:.2f}× | 3.33 | 2.50 | suffix 43%, retrieval 24% |" \
+        in text

@@ -82,6 +82,50 @@ def same_output_speedup(results: Sequence[ItemResult], method: str, other: str) 
                        else None)
 
 
+@dataclass(frozen=True)
+class OffFormat:
+    """``method`` against ``other`` on the items where plain decoding's own output is not in
+    the data set's call format (a malformed call, prose, a schema copied as a value): there
+    the call grammar has nothing to follow, and drafts must come from what the text does."""
+
+    items: int  # such items both methods ran
+    of: int  # items both methods ran
+    speedup: float | None  # ``other``'s e2e time over ``method``'s on them
+    mat: float | None  # ``method``'s MAT over its decoding steps on them
+    other_mat: float | None
+    source_shares: Mapping[str, float]  # ``method``'s draft-accepted tokens per source / tokens
+
+
+def off_format_comparison(results: Sequence[ItemResult], method: str, other: str) -> OffFormat:
+    """``method`` vs ``other`` on the items whose ``ar`` output has ``format_adherent`` False
+    (items scored before format adherence existed are left out)."""
+    by_method: dict[str, dict[str, ItemResult]] = {BASELINE: {}, method: {}, other: {}}
+    for result in results:
+        if result.method in by_method:
+            by_method[result.method][result.item] = result
+    both = [item for item in by_method[method] if item in by_method[other]]
+    off = [item for item in both if item in by_method[BASELINE]
+           and by_method[BASELINE][item].format_adherent is False]
+    if not off:
+        return OffFormat(0, len(both), None, None, None, {})
+    spent = {m: sum(by_method[m][item].prefill_s + by_method[m][item].decode_s for item in off)
+             for m in (method, other)}
+
+    def mat(name: str) -> float | None:
+        emitted, steps = map(sum, zip(*(by_method[name][item].verification_counts()
+                                        for item in off)))
+        return emitted / steps if steps else None
+
+    accepted: Counter[str] = Counter()
+    for item in off:
+        accepted.update(by_method[method][item].accepted_by_source)
+    tokens = sum(by_method[method][item].new_tokens for item in off)
+    return OffFormat(len(off), len(both), spent[other] / spent[method] if spent[method] else None,
+                     mat(method), mat(other),
+                     {source: count / tokens for source, count in accepted.most_common()}
+                     if tokens else {})
+
+
 def step_accepted(results: Sequence[ItemResult], method: str, step: int) -> list[int]:
     """Draft tokens accepted in verification step ``step`` (0-based) of each item of
     ``method`` that recorded its steps and had that many."""

@@ -105,6 +105,11 @@ def add_bench_commands(commands: Any) -> None:
     report.add_argument("--dtype", dest="report_dtype", choices=["auto", "bf16", "fp16", "fp32"],
                         help="run in this dtype instead of the config's (auto: bf16 where the "
                              "hardware runs it fast, else fp32)")
+    report.add_argument("--exact-bf16", dest="report_exact_bf16", action="store_true",
+                        help="run with --exact-bf16 (issue 37) instead of the config's setting; "
+                             "its runs and page are apart from the default ones (<dtype>-exact)")
+    report.add_argument("--methods", dest="report_methods", default=None,
+                        help="these methods instead of the config's (e.g. ar,toolspec)")
     report.add_argument("--no-run", action="store_true",
                         help="only aggregate the runs already in the config's out folder (its "
                              "subfolder for the dtype)")
@@ -299,6 +304,7 @@ def _rescored(run: Any, model: str) -> Any:
 
 def _report(args: argparse.Namespace) -> int:
     from toolspec.bench.analysis import RunReadError, read_run
+    from toolspec.bench.methods import UnknownMethodError, parse_methods
     from toolspec.bench.report import ReportConfigError, load_config, write_report
     from toolspec.models import default_device, parse_dtype
 
@@ -306,13 +312,19 @@ def _report(args: argparse.Namespace) -> int:
         config = load_config(args.config).limited(args.limit)
         if args.report_dtype:
             config = replace(config, dtype=args.report_dtype)
-    except ReportConfigError as error:
+        if args.report_exact_bf16:
+            config = replace(config, exact_bf16=True)
+        if args.report_methods:
+            parse_methods(args.report_methods)
+            config = replace(config, methods=args.report_methods)
+    except (ReportConfigError, UnknownMethodError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     # One folder per dtype the config's resolves to here: a bf16 machine and an fp32 one each
-    # resume their own runs.
+    # resume their own runs. Exact bf16 rounds apart from default bf16: its own folder and page.
     dtype = dtype_name(parse_dtype(config.dtype, default_device()))
-    runs_dir = config.out / dtype
+    variant = f"{dtype}-exact" if config.exact_bf16 else dtype
+    runs_dir = config.out / variant
     if not args.no_run:
         for dataset in config.datasets:
             print(f"== {dataset.name}: {dataset.data}, {dataset.limit or 'all'} items "
@@ -341,7 +353,7 @@ def _report(args: argparse.Namespace) -> int:
     command = " ".join(["toolspec", *sys.argv[1:]]) if args.command_line is None \
         else args.command_line
     # A page per dtype too, so the bf16 report and the fp32 one stand side by side.
-    page, images = write_report(runs, config.docs, command, name=f"report-{dtype}",
+    page, images = write_report(runs, config.docs, command, name=f"report-{variant}",
                                 datasets=config.datasets)
     for path in (page, *images):
         print(f"wrote {path}")

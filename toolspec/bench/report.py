@@ -17,7 +17,8 @@ from typing import Any
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.bench.analysis import Run, same_output_speedup, step_accepted, tool_history
+from toolspec.bench.analysis import (Run, off_format_comparison, same_output_speedup,
+                                     step_accepted, tool_history)
 from toolspec.bench.methods import BASELINE, ORACLE, parse_methods, split_budget
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
@@ -25,6 +26,9 @@ from toolspec.bench.states import acceptance_by_state
 
 BASELINES = ("pld", "samd", "recycling", "suffix")
 FULL_METHOD = "toolspec"
+# Below this share of its tokens emitted by decoding steps, a method's decode speed-up is a
+# ratio of near-zero times (the oracle's output rides almost whole on the prefill): shown as –.
+MIN_DECODE_SHARE = 0.1
 # Issue 34's goals, end to end (prompt in, last token out) unless named decode: on every set
 # ≥ 3× plain decoding, ≥ 1.5× the best baseline (≥ 1.7× on API-Bank and BFCL), never below it;
 # decode speed-up (prefill's tokens excluded) ≥ 5× on BFCL.
@@ -249,6 +253,13 @@ def _source_shares(rows: Sequence[ItemResult]) -> dict[str, float]:
     return {source: count / tokens for source, count in accepted.items()} if tokens else {}
 
 
+def _decode_share(entry: Mapping[str, Any], items: int) -> float:
+    """The share of a method's output tokens its decoding steps emitted (not the first token,
+    not the prefill's draft tokens)."""
+    decoded = entry["new_tokens"] - items - entry.get("prefill_accepted", 0)
+    return decoded / entry["new_tokens"] if entry["new_tokens"] else 0.0
+
+
 def _number(value: float | None, suffix: str = "×") -> str:
     return f"{value:.2f}{suffix}" if value is not None else "–"
 
@@ -271,7 +282,9 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
         "",
         "End-to-end speed-up (prompt in → last token out, prefill included) is the headline. "
         "Decode speed-up counts only the tokens emitted after the first forward: tokens a "
-        "draft tree delivers in the prompt's forward are prefill's. A set \"tuned on\" was "
+        "draft tree delivers in the prompt's forward are prefill's (a method whose decoding "
+        f"steps emitted under {MIN_DECODE_SHARE:.0%} of its tokens shows – there). A set "
+        "\"tuned on\" was "
         "replayed while the drafter's constants were chosen: its figures are no result.",
     ]
     for title, key in (("End-to-end speed-up vs plain decoding", "e2e_speedup"),
@@ -281,8 +294,10 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
                   "|---|---:|---|" + "---:|" * len(methods)]
         for run in runs:
             summary = per_run[run.name]
-            cells = [_number(summary[m][key]) if m in summary else "–" for m in methods]
             items = len({r.item for r in run.results})
+            cells = [_number(summary[m][key]) if m in summary and (
+                key != "decode_speedup" or _decode_share(summary[m], items) >= MIN_DECODE_SHARE)
+                else "–" for m in methods]
             tuning = by_name[run.name].tuning if run.name in by_name else "–"
             lines.append(f"| {run.name} | {items} | {tuning} | " + " | ".join(cells) + " |")
     lines += ["", "## Goals (toolspec)", "",
@@ -310,6 +325,7 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
                      f"{_number(goals['e2e_vs_best_baseline'])} | {same} | "
                      f"{_number(goals['decode_vs_ar'])} | "
                      f"{_number(goals['oracle_fraction'], '')} | {met} |")
+    lines += ["", *_off_format_section(runs, per_run)]
     lines += ["", *_divergence_section(runs, per_run), "", "## Per data set", ""]
     for run in runs:
         document = {**run.document, "methods": per_run[run.name]}
@@ -327,6 +343,36 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
     lines += ["## Plots", ""]
     lines += [f"![{image.stem}]({image_dir}/{image.name})" for image in images]
     return "\n".join(lines) + "\n"
+
+
+def _off_format_section(runs: Sequence[Run], per_run: Mapping[str, Mapping[str, Any]]
+                        ) -> list[str]:
+    """toolspec against the best baseline where plain decoding's output leaves the call format
+    (issue 34's "follow what the model writes"), per data set that has such items."""
+    rows = []
+    for run in runs:
+        best = best_baseline(per_run[run.name])
+        if best is None or FULL_METHOD not in per_run[run.name]:
+            continue
+        off = off_format_comparison(run.results, FULL_METHOD, best)
+        if not off.items:
+            continue
+        sources = ", ".join(f"{source} {share:.0%}" for source, share in
+                            off.source_shares.items() if share >= 0.005) or "–"
+        rows.append(f"| {run.name} | {off.items}/{off.of} | {best} | {_number(off.speedup)} | "
+                    f"{_number(off.mat, '')} | {_number(off.other_mat, '')} | {sources} |")
+    if not rows:
+        return ["## Where plain decoding leaves the call format", "",
+                "Every output of ar's parsed as calls in its data set's format."]
+    return ["## Where plain decoding leaves the call format", "",
+            f"Items whose ar output does not parse as calls in the set's format (a malformed "
+            f"call, prose, a schema copied as a value). The call grammar has nothing to follow "
+            f"there; {FULL_METHOD}'s drafts must come from what the text does. e2e ratio and "
+            f"MAT (over decoding steps) on those items only; the sources are the shares of "
+            f"{FULL_METHOD}'s output tokens each draft source delivered.", "",
+            f"| data set | items | best baseline | {FULL_METHOD} × it (e2e) | MAT "
+            f"{FULL_METHOD} | MAT baseline | {FULL_METHOD}'s tokens by source |",
+            "|---|---:|---|---:|---:|---:|---|", *rows]
 
 
 def step_end_shares(by_state: Mapping[str, Mapping[str, float]] | None

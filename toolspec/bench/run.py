@@ -62,15 +62,22 @@ class ItemResult:
     drafted_by_state: dict[str, int] | None = None  # ... of which accepted from a draft
     draft_s: float | None = None  # time in the drafter and budget, summed over the steps
     verify_s: float | None = None  # time in verification forwards, summed over the steps
-    # Draft tokens accepted in the prefill forward (None: no tree rode on it, or an older run).
+    # Draft tokens accepted in the prefill forward (None: no tree rode on it, or an older run);
+    # an accepted end token is counted among them, though it is no output token.
     prefill_accepted: int | None = None
+
+    @property
+    def prefill_emitted(self) -> int:
+        """Draft tokens the prompt's forward emitted (``prefill_accepted`` without an accepted
+        end token: an output riding whole on the prefill would count one token too many)."""
+        return prefill_emitted(self.decode_tokens, self.prefill_accepted)
 
     @property
     def after_first_forward(self) -> int:
         """Tokens the decode phase emitted: those after the first forward. The first forward
         (the prompt's) emits the first token and, when a draft tree rode on it, that tree's
-        accepted tokens — prefill's tokens, at prefill's price (``prefill_accepted``)."""
-        return self.decode_tokens - (self.prefill_accepted or 0)
+        accepted tokens — prefill's tokens, at prefill's price (``prefill_emitted``)."""
+        return self.decode_tokens - self.prefill_emitted
 
     def verification_counts(self) -> tuple[int, int]:
         """(tokens emitted by the decoding steps, their number): MAT's numerator and
@@ -78,11 +85,16 @@ class ItemResult:
         return verification_counts(self.decode_tokens, self.steps, self.prefill_accepted)
 
 
+def prefill_emitted(decode_tokens: int, prefill_accepted: int | None) -> int:
+    """Draft tokens the prompt's forward emitted: at most every token but the first."""
+    return min(prefill_accepted or 0, decode_tokens)
+
+
 def verification_counts(decode_tokens: int, steps: int, prefill_accepted: int | None
                         ) -> tuple[int, int]:
     """An item's (tokens emitted by decoding steps, their number): ``decode_tokens`` (every
-    token but the first) less the tokens accepted in the prompt's forward."""
-    return decode_tokens - (prefill_accepted or 0), steps
+    token but the first) less the draft tokens the prompt's forward emitted."""
+    return decode_tokens - prefill_emitted(decode_tokens, prefill_accepted), steps
 
 
 def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -237,7 +249,7 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
             "mat": verified_tokens / verifications if verifications else 0.0,
             "identical_to_ar": sum(r.identical_to_ar for r in rows) / len(rows) if rows else 0.0,
             "steps": steps,
-            "prefill_accepted": sum(r.prefill_accepted or 0 for r in rows),
+            "prefill_accepted": sum(r.prefill_emitted for r in rows),
             "new_tokens": new_tokens,
             "prefill_s": sum(r.prefill_s for r in rows),
             "decode_s": decode_s,
