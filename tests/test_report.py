@@ -285,8 +285,14 @@ def test_an_accepted_end_token_at_prefill_is_no_output_token() -> None:
     assert (whole.prefill_emitted, whole.after_first_forward) == (19, 0)
     assert whole.verification_counts() == (0, 0)
     entry = summarize([result("it-0", "ar", "x", 4.0, 19, 19), whole], ["ar", "oracle"])["oracle"]
-    assert entry["prefill_accepted"] == 19
+    assert entry["prefill_accepted"] == 19 and entry["after_first_forward"] == 0
     assert entry["decode_tokens_per_s"] == 0.0 and entry["mat"] == 0.0
+    # Its decode speed-up is no figure: the report shows – for it, and its e2e speed-up.
+    run = Run("toy", {"model": "m", "dtype": "bf16", "items": 1, "machine": "toy",
+                      "methods": {"ar": {}, "oracle": {}}},
+              (result("it-0", "ar", "x", 4.0, 19, 19), whole))
+    decode_table = report_markdown([run], [], "make report").split("## Decode speed-up")[1]
+    assert "| toy | 1 | – | 1.00× | – |" in decode_table
 
 
 def test_the_report_says_which_sets_were_tuned_on() -> None:

@@ -62,24 +62,36 @@ class SameOutputs:
     speedup: float | None  # ``other``'s time over ``method``'s on them (None: no such item)
 
 
+def _by_method(results: Sequence[ItemResult], methods: Sequence[str]
+               ) -> dict[str, dict[str, ItemResult]]:
+    """Per method of ``methods``, its results by item."""
+    grouped: dict[str, dict[str, ItemResult]] = {m: {} for m in methods}
+    for result in results:
+        if result.method in grouped:
+            grouped[result.method][result.item] = result
+    return grouped
+
+
+def _time_ratio(by_method: Mapping[str, Mapping[str, ItemResult]], items: Sequence[str],
+                method: str, other: str) -> float | None:
+    """``other``'s end-to-end time (prefill + decode) over ``method``'s, on ``items``."""
+    spent = {m: sum(by_method[m][item].prefill_s + by_method[m][item].decode_s
+                    for item in items) for m in (method, other)}
+    return spent[other] / spent[method] if spent[method] else None
+
+
 def same_output_speedup(results: Sequence[ItemResult], method: str, other: str) -> SameOutputs:
     """How much faster ``method`` is than ``other`` end to end (prefill + decode), counted only
     on items where both reproduce plain decoding. Where outputs diverge (bf16 near-ties) the two
     methods decode different texts, and one may just have been handed an easier one; on these
     items both wrote the same tokens."""
-    times: dict[str, dict[str, ItemResult]] = {method: {}, other: {}}
-    for result in results:
-        if result.method in times:
-            times[result.method][result.item] = result
-    both = [item for item in times[method] if item in times[other]]
-    same = [item for item in both
-            if times[method][item].identical_to_ar and times[other][item].identical_to_ar]
+    by_method = _by_method(results, (method, other))
+    both = [item for item in by_method[method] if item in by_method[other]]
+    same = [item for item in both if by_method[method][item].identical_to_ar
+            and by_method[other][item].identical_to_ar]
     if not same:
         return SameOutputs(0, len(both), None)
-    spent = {m: sum(times[m][item].prefill_s + times[m][item].decode_s for item in same)
-             for m in times}
-    return SameOutputs(len(same), len(both), spent[other] / spent[method] if spent[method]
-                       else None)
+    return SameOutputs(len(same), len(both), _time_ratio(by_method, same, method, other))
 
 
 @dataclass(frozen=True)
@@ -99,17 +111,12 @@ class OffFormat:
 def off_format_comparison(results: Sequence[ItemResult], method: str, other: str) -> OffFormat:
     """``method`` vs ``other`` on the items whose ``ar`` output has ``format_adherent`` False
     (items scored before format adherence existed are left out)."""
-    by_method: dict[str, dict[str, ItemResult]] = {BASELINE: {}, method: {}, other: {}}
-    for result in results:
-        if result.method in by_method:
-            by_method[result.method][result.item] = result
+    by_method = _by_method(results, (BASELINE, method, other))
     both = [item for item in by_method[method] if item in by_method[other]]
     off = [item for item in both if item in by_method[BASELINE]
            and by_method[BASELINE][item].format_adherent is False]
     if not off:
         return OffFormat(0, len(both), None, None, None, {})
-    spent = {m: sum(by_method[m][item].prefill_s + by_method[m][item].decode_s for item in off)
-             for m in (method, other)}
 
     def mat(name: str) -> float | None:
         emitted, steps = map(sum, zip(*(by_method[name][item].verification_counts()
@@ -120,7 +127,7 @@ def off_format_comparison(results: Sequence[ItemResult], method: str, other: str
     for item in off:
         accepted.update(by_method[method][item].accepted_by_source)
     tokens = sum(by_method[method][item].new_tokens for item in off)
-    return OffFormat(len(off), len(both), spent[other] / spent[method] if spent[method] else None,
+    return OffFormat(len(off), len(both), _time_ratio(by_method, off, method, other),
                      mat(method), mat(other),
                      {source: count / tokens for source, count in accepted.most_common()}
                      if tokens else {})

@@ -253,11 +253,10 @@ def _source_shares(rows: Sequence[ItemResult]) -> dict[str, float]:
     return {source: count / tokens for source, count in accepted.items()} if tokens else {}
 
 
-def _decode_share(entry: Mapping[str, Any], items: int) -> float:
+def _decode_share(entry: Mapping[str, Any]) -> float:
     """The share of a method's output tokens its decoding steps emitted (not the first token,
     not the prefill's draft tokens)."""
-    decoded = entry["new_tokens"] - items - entry.get("prefill_accepted", 0)
-    return decoded / entry["new_tokens"] if entry["new_tokens"] else 0.0
+    return entry["after_first_forward"] / entry["new_tokens"] if entry["new_tokens"] else 0.0
 
 
 def _number(value: float | None, suffix: str = "×") -> str:
@@ -296,7 +295,7 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
             summary = per_run[run.name]
             items = len({r.item for r in run.results})
             cells = [_number(summary[m][key]) if m in summary and (
-                key != "decode_speedup" or _decode_share(summary[m], items) >= MIN_DECODE_SHARE)
+                key != "decode_speedup" or _decode_share(summary[m]) >= MIN_DECODE_SHARE)
                 else "–" for m in methods]
             tuning = by_name[run.name].tuning if run.name in by_name else "–"
             lines.append(f"| {run.name} | {items} | {tuning} | " + " | ".join(cells) + " |")

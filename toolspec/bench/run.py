@@ -250,6 +250,7 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
             "identical_to_ar": sum(r.identical_to_ar for r in rows) / len(rows) if rows else 0.0,
             "steps": steps,
             "prefill_accepted": sum(r.prefill_emitted for r in rows),
+            "after_first_forward": decode_tokens,  # tokens the decoding steps emitted
             "new_tokens": new_tokens,
             "prefill_s": sum(r.prefill_s for r in rows),
             "decode_s": decode_s,
