@@ -1,6 +1,7 @@
 """``build_app``: a pydantic ``AppConfig`` becomes the bound Serve deployments.
 
-    Ingress (FastAPI, OpenAI API)  --session_id-->  ModelServer replicas (consistent hash)
+    Ingress (FastAPI, OpenAI API)  --prompt blocks, session-->  ModelServer replicas
+                                                          (prefix-aware router, autoscaled)
                                                           |  prefetch / add calls
                                                           v
                                                     CallLibraryService (one actor, LMDB)
@@ -19,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import BackpressureConfig, RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, BackpressureConfig, RequestRouterConfig
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import LIBRARY_DEPLOYMENT
@@ -28,12 +29,16 @@ from deployments.chat_engine import EngineSettings
 from deployments.limits import AdmissionLimits
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
+from deployments.prefix_router import PREFIX_ROUTER
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.models import DEFAULT_MODEL
 from toolspec.tensor_parallel import check_divides
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+# How requests reach the model replicas: prefix-aware (``deployments.prefix_router``), a hash
+# ring on the session id (Ray's ConsistentHashRouter), or Ray's default (power of two choices).
+ROUTERS = {"prefix_aware": PREFIX_ROUTER, "session_hash": SESSION_ROUTER, "power_of_two": None}
 
 
 class _Strict(BaseModel):
@@ -49,13 +54,37 @@ class ModelConfig(_Strict):
     prepack_linear: bool = Field(
         True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
                           "cheap verification; false for PyTorch's stock kernels)")
-    prefill_chunk_tokens: int = Field(
-        512, ge=0, description="a prompt is prefilled this many tokens per forward, other "
-                               "requests' steps in between (0: whole prompts)")
+    step_rows: int | Literal["auto"] = Field(
+        "auto", description="rows a forward runs at most: decoding first, prompt chunks (whole "
+                            "blocks) fill the rest; auto: the most rows costing at most 3 "
+                            "one-row steps on this machine's cost curve; 0: no limit")
+    prefix_cache_bytes: int = Field(
+        1 << 30, ge=0, description="the replica's prefix cache: keys and values of prompt "
+                                   "blocks shared by a tenant's requests, least recently used "
+                                   "evicted past this many bytes; 0: off")
     exact_bf16: bool = Field(
         False, description="bf16 on CPU: speculative outputs bitwise plain decoding's, at a "
                            "cost per verified row (docs/benchmarks.md, issue 37)")
-    replicas: int = Field(1, ge=1)
+    replicas: int | None = Field(
+        None, ge=1, description="a fixed number of replicas (default 1); leave unset with "
+                                "autoscaling")
+    autoscaling: dict[str, Any] | None = Field(
+        None, description="Ray Serve's autoscaling_config for the model replicas (min_replicas, "
+                          "max_replicas, target_ongoing_requests, upscale_delay_s, "
+                          "downscale_delay_s, ...): replicas follow load; a replica scaled "
+                          "down finishes its requests first (graceful_shutdown_timeout_s)")
+    routing: Literal["prefix_aware", "session_hash", "power_of_two"] = Field(
+        "prefix_aware", description="prefix_aware: a session's replica, else the one holding "
+                                    "the longest start of the prompt, else the prompt's "
+                                    "rendezvous-hash home, skipping long queues; session_hash: "
+                                    "Ray's ConsistentHashRouter on the session id; "
+                                    "power_of_two: Ray's default")
+    imbalanced_threshold: int = Field(
+        4, ge=0, description="prefix_aware: queued requests a replica may have beyond the "
+                             "shortest queue and still be chosen for what it holds")
+    match_rate_threshold: float = Field(
+        0.5, ge=0, le=1, description="prefix_aware: the share of a prompt's blocks a replica "
+                                     "must be known to hold to be chosen for them")
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="ranks per replica, each holding a part of every layer "
                                     "(must divide the model's key/value heads); each rank gets "
@@ -67,7 +96,36 @@ class ModelConfig(_Strict):
         64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
                               "past it the client gets 429 with Retry-After")
     retry_after_s: int = Field(2, ge=1, description="the Retry-After a queue-full 429 sends")
-    session_affinity: bool = True
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> ModelConfig:
+        if self.autoscaling is not None:
+            if self.replicas is not None:
+                raise ValueError("set model.replicas (a fixed count) or model.autoscaling, "
+                                 "not both")
+            AutoscalingConfig.model_validate(self.autoscaling)  # Ray's own checks, at deploy
+        return self
+
+    def replica_options(self) -> dict[str, Any]:
+        """``num_replicas`` or ``autoscaling_config``, and the request router."""
+        options: dict[str, Any] = {"num_replicas": self.replicas or 1}
+        if self.autoscaling is not None:
+            options = {"num_replicas": "auto", "autoscaling_config": self.autoscaling}
+        router = ROUTERS[self.routing]
+        if router is not None:
+            kwargs = {"imbalanced_threshold": self.imbalanced_threshold,
+                      "match_rate_threshold": self.match_rate_threshold} \
+                if self.routing == "prefix_aware" else {}
+            options["request_router_config"] = RequestRouterConfig(
+                request_router_class=router, request_router_kwargs=kwargs)
+        return options
+
+    @model_validator(mode="after")
+    def _rows_valid(self) -> ModelConfig:
+        if self.step_rows != "auto" and self.step_rows < 0:
+            raise ValueError(f"step_rows must be 'auto' or >= 0 (0: no limit), got "
+                             f"{self.step_rows}")
+        return self
 
     @model_validator(mode="after")
     def _ranks_fit(self) -> ModelConfig:
@@ -173,7 +231,8 @@ class AppConfig(_Strict):
     def engine_settings(self) -> EngineSettings:
         return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
                               prepack_linear=self.model.prepack_linear,
-                              prefill_chunk_tokens=self.model.prefill_chunk_tokens,
+                              step_rows=self.model.step_rows,
+                              prefix_cache_bytes=self.model.prefix_cache_bytes,
                               tensor_parallel_size=self.model.tensor_parallel_size,
                               exact_bf16=self.model.exact_bf16)
 
@@ -194,11 +253,9 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         library = [library_part(config.library, index)
                    for index in range(config.library.actors)]
     settings = config.engine_settings()
-    router = RequestRouterConfig(request_router_class=SESSION_ROUTER) \
-        if config.model.session_affinity else None
     model_options: dict[str, Any] = {
         "name": "ModelServer",
-        "num_replicas": config.model.replicas,
+        **config.model.replica_options(),
         "max_ongoing_requests": config.model.max_ongoing_requests,
         "max_queued_requests": config.model.max_queued_requests,
         "backpressure_config": BackpressureConfig(status_code=429,
@@ -207,11 +264,11 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
                               "num_gpus": config.model.num_gpus},
         # Loading the model takes seconds (a minute on first use, when weights are converted).
         "health_check_timeout_s": 120,
-        "graceful_shutdown_timeout_s": 30,
+        # A replica scaled down (or redeployed) stops taking requests and finishes those it
+        # holds, which the request deadline bounds.
+        "graceful_shutdown_timeout_s": config.request_timeout_s or 300,
         **config.model.placement(),
     }
-    if router is not None:
-        model_options["request_router_config"] = router
     model = serve.deployment(ModelServer, **model_options).bind(
         asdict(settings), library, engine_factory)
     ingress = serve.deployment(

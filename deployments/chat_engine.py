@@ -23,12 +23,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
-from weakref import WeakKeyDictionary
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from deployments import metrics
-from deployments.kv_sessions import SessionKVStore
 from deployments.messages import ChatRequest
 from deployments.prompting import ContextLengthError, context_message
 from deployments.scheduler import Job
@@ -41,6 +39,7 @@ from toolspec.job import DecodeJob
 from toolspec.library import CallLibrary
 from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
                              load_model)
+from toolspec.prefix_cache import PrefixCache, PrefixCacheStats
 from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.registry import DrafterFactory, build_engine
 from toolspec.sampling import SamplingParams
@@ -59,13 +58,16 @@ class EngineSettings:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
     draft_budget: int | Literal["auto"] = "auto"
-    session_kv_bytes: int = 1 << 30  # per-session KV prefix caches; 0 turns them off
+    # The replica's prefix cache: prompt blocks shared by a tenant's requests (LRU under this
+    # many bytes of keys and values); 0 turns it off.
+    prefix_cache_bytes: int = 1 << 30
     # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
     # packed copy costs the weights' memory again). False: PyTorch's stock kernels.
     prepack_linear: bool = True
-    # A prompt is prefilled this many tokens per forward, other requests' steps in between:
-    # a long prompt delays the others by one chunk at a time, never by its whole length.
-    prefill_chunk_tokens: int = 512
+    # Rows a forward runs at most: decoding first, prompt chunks (whole blocks) fill the rest,
+    # so a long prompt slows the others' steps by a bounded factor. auto: from the cost curve
+    # (toolspec.budget.rows_per_step); 0: no limit.
+    step_rows: int | Literal["auto"] = "auto"
     # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
     # group (deployments.tensor_parallel_group). 1: the whole model in the replica.
     tensor_parallel_size: int = 1
@@ -82,7 +84,6 @@ class ChatStream:
     call_format: CallFormat
     prompt_tokens: int
     job: Job
-    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
     constrained: bool = False  # decoding is grammar-constrained
 
 
@@ -125,10 +126,8 @@ class ToolSpecChatEngine:
                                      prepack_linear=settings.prepack_linear,
                                      exact_bf16=settings.exact_bf16)
             self.target = TargetModel(self.loaded.model)
-        self.engine = _engine(self.loaded, settings, self.target)
-        self.sessions = SessionKVStore(settings.session_kv_bytes,
-                                       truncate=self.engine.model.truncate)
-        self._session_of: WeakKeyDictionary[DecodeJob, str] = WeakKeyDictionary()
+        self.prefix_cache = _prefix_cache(self.target, settings)
+        self.engine = _engine(self.loaded, settings, self.target, self.prefix_cache)
         self.drafters = ServedDrafters(self.loaded.tokenizer)
         self.load = StepLoad()
         # Built at load (seconds for a large vocabulary), not on the first strict request.
@@ -141,8 +140,11 @@ class ToolSpecChatEngine:
         return {"model": self.loaded.name, "dtype": dtype_name(self.loaded.dtype),
                 "context_tokens": self.loaded.model.config.max_position_embeddings,
                 "draft_budget": self.settings.draft_budget,
+                "step_rows": self.engine.step_rows,
                 "tensor_parallel_size": self.loaded.tensor_parallel_size,
-                "exact_bf16": self.loaded.exact_bf16}
+                "exact_bf16": self.loaded.exact_bf16,
+                "prefix_cache": _describe(self.prefix_cache.stats()
+                                          if self.prefix_cache is not None else None)}
 
     def check_health(self) -> None:
         if self.group is not None and not self.group.alive():
@@ -155,15 +157,16 @@ class ToolSpecChatEngine:
             self.group.close()
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take a new draft budget, prefill chunk and session-cache budget (same model, dtype,
-        packed rows).
-        Mutates: the engine and the session caches (emptied when their budget changes)."""
-        if (settings.draft_budget, settings.prefill_chunk_tokens) != \
-                (self.settings.draft_budget, self.settings.prefill_chunk_tokens):
-            self.engine = _engine(self.loaded, settings, self.target)
-        if settings.session_kv_bytes != self.settings.session_kv_bytes:
-            self.sessions = SessionKVStore(settings.session_kv_bytes,
-                                           truncate=self.engine.model.truncate)
+        """Take a new draft budget, row budget and prefix-cache size (same model, dtype,
+        packed rows). Called between steps (Serve runs ``reconfigure`` on the replica's event
+        loop; the scheduler reads ``engine`` once per step). Mutates: the engine; the prefix
+        cache only when its size changes (a new, empty one)."""
+        if settings.prefix_cache_bytes != self.settings.prefix_cache_bytes:
+            self.prefix_cache = _prefix_cache(self.target, settings)
+        if (settings.draft_budget, settings.step_rows, settings.prefix_cache_bytes) != \
+                (self.settings.draft_budget, self.settings.step_rows,
+                 self.settings.prefix_cache_bytes):
+            self.engine = _engine(self.loaded, settings, self.target, self.prefix_cache)
         self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
@@ -179,33 +182,25 @@ class ToolSpecChatEngine:
             sampling=SamplingParams(request.temperature, request.top_p, request.top_k,
                                     seed=request.seed),
             constraint=self._constraint(request, call_format))
-        session = None  # a session's KV is its tenant's: the same id elsewhere is another one
-        if request.session_id and self.settings.session_kv_bytes > 0:
-            session = f"{request.tenant}/{request.session_id}"
-        prefix = self.sessions.take(session, prompt) if session else None
+        # The prompt's blocks are the tenant's in the prefix cache: another tenant's identical
+        # prompt never shares them.
         job = self.engine.start(prompt, self._drafter(request, library), params,
                                 tools=request.tools, call_format=call_format,
                                 conversation=conversation_text(request.messages),
-                                tenant=request.tenant, prefix=prefix,
-                                keep_kv=session is not None)
-        if session:
-            self._session_of[job] = session
-        return ChatStream(call_format, len(prompt), job, len(prefix.tokens) if prefix else 0,
-                          params.constraint is not None)
+                                tenant=request.tenant)
+        return ChatStream(call_format, len(prompt), job, params.constraint is not None)
 
     def step(self, jobs: Sequence[DecodeJob]) -> list[StepOutcome | None]:
-        """``Engine.step`` with this replica's prompt rows per step; a finished request of a
-        session leaves its cache (prompt + output) for the session's next turn."""
-        outcomes = self.engine.step(jobs, self.settings.prefill_chunk_tokens)
-        report = self.engine.last_step
+        """``Engine.step`` (the engine's row budget and prefix cache); its rows and the prefix
+        cache's state go to the metrics."""
+        engine = self.engine  # ``apply`` may replace it between steps
+        outcomes = engine.step(jobs)
+        report = engine.last_step
         if report is not None:
             self.load.add(report)
-            metrics.record_rows(report.prompt_rows, report.decode_rows)
-        for job, outcome in zip(jobs, outcomes):
-            kv = outcome.event.kv if outcome is not None and outcome.event is not None else None
-            session = self._session_of.pop(job, None) if job.done else None
-            if kv is not None and session is not None:
-                self.sessions.put(session, kv)
+            metrics.record_rows(report.prompt_rows, report.decode_rows, report.cached_tokens)
+        if engine.prefix_cache is not None:
+            metrics.record_prefix_cache(engine.prefix_cache.stats())
         return outcomes
 
     def _prompt(self, request: ChatRequest) -> tuple[list[int], CallFormat]:
@@ -280,8 +275,24 @@ class ServedDrafters:
         return factory.for_request(request.tenant, request.tools is not None, library)
 
 
-def _engine(loaded: LoadedModel, settings: EngineSettings, target: TargetModel) -> Engine:
+def _engine(loaded: LoadedModel, settings: EngineSettings, target: TargetModel,
+            prefix_cache: PrefixCache | None) -> Engine:
     return build_engine(loaded, None if settings.draft_budget == "auto"
-                        else settings.draft_budget,
-                        prefill_chunk_tokens=settings.prefill_chunk_tokens, target=target)
+                        else settings.draft_budget, step_rows=settings.step_rows,
+                        prefix_cache=prefix_cache, target=target)
+
+
+def _prefix_cache(target: TargetModel, settings: EngineSettings) -> PrefixCache | None:
+    if settings.prefix_cache_bytes <= 0:
+        return None
+    return PrefixCache(target, settings.prefix_cache_bytes, target.block_tokens)
+
+
+def _describe(stats: PrefixCacheStats | None) -> dict[str, Any] | None:
+    """The prefix cache as ``/v1/models`` shows it."""
+    if stats is None:
+        return None
+    return {"blocks": stats.blocks, "block_tokens": stats.block_tokens, "bytes": stats.bytes,
+            "budget_bytes": stats.budget_bytes, "hit_rate": round(stats.hit_rate, 4),
+            "evicted_blocks": stats.evicted_blocks}
 

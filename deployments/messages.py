@@ -85,7 +85,6 @@ class StreamStart:
     call_format: str  # a name in toolspec.formats.FORMATS
     prompt_tokens: int
     replica: str  # which replica serves the request (session pinning is observable)
-    prefix_reused: int = 0  # prompt tokens whose KV came from the session's earlier turn
     constrained: bool = False  # decoding was grammar-constrained (schema-valid calls)
 
 
@@ -111,6 +110,7 @@ class StreamEnd:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     mat: float = 0.0  # mean tokens per verification forward (``Generation.mat``)
+    cached_tokens: int = 0  # prompt tokens taken from the replica's prefix cache
 
 
 ErrorKind = Literal["context_length_exceeded", "deadline_exceeded", "internal_error"]

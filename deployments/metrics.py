@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 from ray.serve import metrics
 
+from toolspec.prefix_cache import PrefixCacheStats
+
 _SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _FAST_SECONDS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 _TOKENS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
@@ -63,9 +65,25 @@ ACTIVE_REQUESTS = metrics.Gauge(
     "toolspec_active_requests", "Requests a replica is decoding (in its batch) or holding "
     "(waiting for a batch slot).", tag_keys=("state",))
 PROMPT_TOKENS = metrics.Counter(
-    "toolspec_prompt_tokens", "Prompt tokens of started requests, by whether their keys and "
-    "values were reused from the session's earlier turn (cached) or computed.",
+    "toolspec_prompt_tokens", "Prompt tokens of finished requests, by whether their keys and "
+    "values came from the replica's prefix cache (cached) or were computed.",
     tag_keys=("cached",))
+PREFIX_CACHE_BLOCKS = metrics.Counter(
+    "toolspec_prefix_cache_blocks", "Prompt blocks by what the prefix cache did with them: hit "
+    "(a request took it), miss (a request looked it up and computed it), inserted, evicted.",
+    tag_keys=("event",))
+PREFIX_CACHE_BYTES = metrics.Gauge(
+    "toolspec_prefix_cache_bytes", "Bytes of keys and values the replica's prefix cache holds, "
+    "and its budget.", tag_keys=("kind",))
+ROUTING_DECISIONS = metrics.Counter(
+    "toolspec_routing_decisions", "Requests routed to a model replica, by why that replica: "
+    "session (where its session went), prefix (holds its prompt's first blocks), home (the "
+    "rendezvous hash of a prompt no replica holds), rebalanced (its best place's queue was too "
+    "long), fallback (the first choice was full).", tag_keys=("reason",))
+ROUTED_PREFIX_BLOCKS = metrics.Counter(
+    "toolspec_routed_prefix_blocks", "Prompt blocks of routed requests (total) and those the "
+    "chosen replica was known to hold (matched): the router's expected prefix hit rate.",
+    tag_keys=("kind",))
 LIBRARY_LOOKUPS = metrics.Counter(
     "toolspec_library_lookups", "Calls to the retrieval actor, by kind (prefetch at request "
     "start, decode-time lookup) and outcome (hit: brought calls, miss: none, failure).",
@@ -115,11 +133,34 @@ def record_batch(jobs: int) -> None:
     BATCH_SIZE.observe(jobs)
 
 
-def record_rows(prompt_rows: int, decode_rows: int) -> None:
+def record_rows(prompt_rows: int, decode_rows: int, cached_tokens: int = 0) -> None:
+    """A step's forward rows by kind, and the prompt tokens it took from the prefix cache
+    instead (``cached``: rows it did not have to run)."""
     if prompt_rows:
         FORWARD_ROWS.inc(prompt_rows, tags={"kind": "prompt"})
     if decode_rows:
         FORWARD_ROWS.inc(decode_rows, tags={"kind": "decode"})
+    if cached_tokens:
+        FORWARD_ROWS.inc(cached_tokens, tags={"kind": "cached"})
+
+
+_prefix_counts: dict[str, int] = {}  # the prefix cache's totals already exported
+
+
+def record_prefix_cache(stats: PrefixCacheStats) -> None:
+    """Export what changed in the prefix cache's totals since the last call (one replica, one
+    cache: a cache made anew starts its totals from zero again)."""
+    totals = {"hit": stats.hit_blocks, "miss": stats.missed_blocks,
+              "inserted": stats.inserted_blocks, "evicted": stats.evicted_blocks}
+    for event, total in totals.items():
+        seen = _prefix_counts.get(event, 0)
+        if total < seen:  # a new cache
+            seen = 0
+        if total > seen:
+            PREFIX_CACHE_BLOCKS.inc(total - seen, tags={"event": event})
+        _prefix_counts[event] = total
+    PREFIX_CACHE_BYTES.set(stats.bytes, tags={"kind": "used"})
+    PREFIX_CACHE_BYTES.set(stats.budget_bytes, tags={"kind": "budget"})
 
 
 def record_queue(batched: int, waiting: int) -> None:
@@ -132,6 +173,14 @@ def record_prompt(prompt_tokens: int, reused: int) -> None:
         PROMPT_TOKENS.inc(reused, tags={"cached": "true"})
     if prompt_tokens > reused:
         PROMPT_TOKENS.inc(prompt_tokens - reused, tags={"cached": "false"})
+
+
+def record_routing(reason: str, matched_blocks: int, total_blocks: int) -> None:
+    ROUTING_DECISIONS.inc(tags={"reason": reason})
+    if matched_blocks:
+        ROUTED_PREFIX_BLOCKS.inc(matched_blocks, tags={"kind": "matched"})
+    if total_blocks:
+        ROUTED_PREFIX_BLOCKS.inc(total_blocks, tags={"kind": "total"})
 
 
 def record_library_lookup(kind: str, outcome: str, seconds: float) -> None:

@@ -74,11 +74,9 @@ class ModelReplica:
             self.library.prefetch(request)
         chat = self.engine.open(request, self.library.local if self.library else None)
         span.set_attributes({"toolspec.prompt_tokens": chat.prompt_tokens,
-                             "toolspec.prefix_reused": chat.prefix_reused,
                              "toolspec.constrained": chat.constrained})
-        metrics.record_prompt(chat.prompt_tokens, chat.prefix_reused)
         yield StreamStart(chat.call_format.name, chat.prompt_tokens, self.name,
-                          chat.prefix_reused, chat.constrained)
+                          chat.constrained)
         lookups = None
         if self.library is not None and request.parses_calls:
             lookups = DecodeLookups(self.library, request, chat.call_format.arguments_key)
@@ -107,7 +105,9 @@ class ModelReplica:
                 self.served += 1
                 if self.library is not None and request.parses_calls:
                     self.library.remember(request, generation.calls)
+                metrics.record_prompt(generation.prompt_tokens, generation.cached_tokens)
                 span.set_attributes({"toolspec.completion_tokens": len(generation.tokens),
+                                     "toolspec.cached_tokens": generation.cached_tokens,
                                      "toolspec.steps": len(generation.steps)})
                 yield _end(generation)
 
@@ -145,6 +145,7 @@ def _end(generation: Generation) -> StreamEnd:
         prefill_s=generation.prefill_s,
         decode_s=generation.decode_s,
         mat=generation.mat,
+        cached_tokens=generation.cached_tokens,
     )
 
 

@@ -23,11 +23,11 @@ def finish_reason(end: StreamEnd, output: ToolCallStream) -> str:
 
 
 def usage(start: StreamStart, end: StreamEnd) -> dict[str, Any]:
-    """Token counts; ``cached_tokens``: prompt tokens whose keys and values the session's
-    earlier turn left in the replica (not computed again)."""
+    """Token counts; ``cached_tokens``: prompt tokens whose keys and values the replica's
+    prefix cache held (earlier requests of the tenant computed them; not computed again)."""
     return {"prompt_tokens": start.prompt_tokens, "completion_tokens": end.completion_tokens,
             "total_tokens": start.prompt_tokens + end.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": start.prefix_reused}}
+            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
 
 
 def extension(start: StreamStart, end: StreamEnd, expose_replica: bool = False
@@ -37,7 +37,7 @@ def extension(start: StreamStart, end: StreamEnd, expose_replica: bool = False
             "accepted_by_source": dict(end.accepted_by_source),
             "prefill_s": round(end.prefill_s, 4), "decode_s": round(end.decode_s, 4),
             "call_format": start.call_format,
-            "prefix_reused_tokens": start.prefix_reused, "constrained": start.constrained}
+            "cached_tokens": end.cached_tokens, "constrained": start.constrained}
     if expose_replica:
         body["replica"] = start.replica
     return body

@@ -31,10 +31,14 @@ from toolspec.datasets import load_apibank, sample_path
 from toolspec.tools import ToolSet
 
 
-def post(url: str, payload: dict[str, Any], session: str) -> tuple[float, dict[str, Any]]:
+def post(url: str, payload: dict[str, Any], session: str, tenant: str | None = None
+         ) -> tuple[float, dict[str, Any]]:
     started = time.perf_counter()
-    response = httpx.post(f"{url}/v1/chat/completions", json=payload,
-                          headers={"x-session-id": session}, timeout=600)
+    headers = {"x-session-id": session}
+    if tenant is not None:  # another tenant: nothing of this one's prefix cache is shared
+        headers["x-toolspec-tenant"] = tenant
+    response = httpx.post(f"{url}/v1/chat/completions", json=payload, headers=headers,
+                          timeout=600)
     response.raise_for_status()
     return time.perf_counter() - started, response.json()
 
@@ -45,8 +49,9 @@ def direct(engine: ToolSpecChatEngine, model: str, messages: list[dict[str, Any]
     request = ChatRequest(uuid.uuid4().hex, model, tuple(messages), tools=toolset,
                           openai_tools=tuple(t.openai() for t in toolset), max_tokens=max_tokens)
     started = time.perf_counter()
-    for _ in engine.open(request, None).steps:
-        pass
+    job = engine.open(request, None).job
+    while not job.done:
+        engine.step([job])
     return time.perf_counter() - started
 
 
@@ -82,14 +87,16 @@ def main() -> None:
         session = uuid.uuid4().hex
         post(args.url, payload, session)  # turn 1 of this session
         _, reused = post(args.url, {**payload, "messages": follow_up}, session)
-        _, fresh = post(args.url, {**payload, "messages": follow_up}, uuid.uuid4().hex)
+        _, fresh = post(args.url, {**payload, "messages": follow_up}, uuid.uuid4().hex,
+                        tenant=f"fresh-{uuid.uuid4().hex[:8]}")
         rows.append({"item": item.id, "wall_s": wall, "engine_s": engine_s,
                      "overhead_s": wall - engine_s, "direct_s": direct_s,
                      "tokens": body["usage"]["completion_tokens"], "mat": extension["mat"],
                      "turn2_prefill_reused_s": reused["toolspec"]["prefill_s"],
                      "turn2_prefill_fresh_s": fresh["toolspec"]["prefill_s"],
                      "turn2_prompt_tokens": reused["usage"]["prompt_tokens"],
-                     "turn2_reused_tokens": reused["toolspec"]["prefix_reused_tokens"]})
+                     "turn2_cached_tokens": reused["usage"]["prompt_tokens_details"][
+                         "cached_tokens"]})
         print(json.dumps(rows[-1]))
     overhead = [r["overhead_s"] for r in rows]
     print(json.dumps({

@@ -28,7 +28,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from toolspec.datasets import load_dataset
 from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.grouped_attention import ragged_attention, register_ragged_attention
+from toolspec.grouped_attention import (grouped_sdpa_attention, ragged_attention,
+                                        register_ragged_attention)
 from toolspec.models import DEFAULT_MODEL, load_model
 from toolspec.prompts import chat_prompt
 from toolspec.target_model import TargetModel
@@ -48,7 +49,20 @@ def row_by_row_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
         return ragged_attention(module, query, key, value, toolspec_batch,
                                 attend=row_by_row_attention, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)
-    kwargs.pop("toolspec_causal_rows", None)
+    blocks = kwargs.pop("toolspec_prompt_blocks", ())
+    if blocks:  # prompt rows as the engine attends them, block by block; the rest row by row
+        first = blocks[-1].first + blocks[-1].rows
+        seen = key.shape[2] - query.shape[2] + first
+        prompt, _ = grouped_sdpa_attention(module, query[:, :, :first], key[:, :, :seen],
+                                           value[:, :, :seen], None, dropout=dropout,
+                                           scaling=scaling, is_causal=is_causal,
+                                           toolspec_prompt_blocks=blocks, **kwargs)
+        if first == query.shape[2]:
+            return prompt, None
+        rest, _ = row_by_row_attention(module, query[:, :, first:], key, value, attention_mask,
+                                       dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                       **kwargs)
+        return torch.cat((prompt, rest), dim=1), None
     if attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)

@@ -74,9 +74,8 @@ def test_batched_logits_and_caches_are_bitwise_each_sequence_alone(tiny_family: 
                        for layer, keys in zip(rows.cache.layers, want_keys))
 
 
-def engine_for(model: TargetModel, chunk: int = 0) -> Engine:
-    return Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3],
-                  prefill_chunk_tokens=chunk)
+def engine_for(model: TargetModel, step_rows: int = 0) -> Engine:
+    return Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3], step_rows=step_rows)
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
@@ -85,22 +84,23 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
 
 
 def run_together(engine: Engine, items: Sequence[list[int]], drafters: Sequence,
-                 params: GenerationParams, prefill_rows: int | None = None) -> list:
+                 params: GenerationParams, step_rows: int | None = None) -> list:
     jobs = [engine.start(prompt, drafter, params) for prompt, drafter in zip(items, drafters)]
-    return engine.run(jobs, prefill_rows)
+    return engine.run(jobs, step_rows)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, seed=4)])
 def test_eight_concurrent_requests_decode_exactly_as_each_alone(tiny_family: str,
                                                                 sampling: SamplingParams) -> None:
     model = packed_model(tiny_family, seed=2)
-    engine = engine_for(model, chunk=16)
+    model.block_tokens = 8
+    engine = engine_for(model, step_rows=16)
     params = GenerationParams(max_new_tokens=40, sampling=sampling)
     items = prompts(8, seed=3)
     plain = [engine.generate(prompt, None, params) for prompt in items]
     mixed = [NoDrafter() if i % 3 == 0 else PromptLookupDrafter() if i % 3 == 1
              else ScriptedDrafter(plain[i].tokens, VOCAB, seed=i) for i in range(8)]
-    together = run_together(engine, items, mixed, params, prefill_rows=24)
+    together = run_together(engine, items, mixed, params, step_rows=40)
     for one, many in zip(plain, together):
         assert many.tokens == one.tokens and many.finish_reason == one.finish_reason
     assert sum(len(g.steps) for g in together) < sum(len(g.steps) for g in plain)
@@ -108,14 +108,15 @@ def test_eight_concurrent_requests_decode_exactly_as_each_alone(tiny_family: str
 
 def test_prompt_chunks_share_the_step_budget_and_decoding_goes_on_beside_them() -> None:
     model = packed_model("qwen2")
-    engine = engine_for(model, chunk=8)
+    model.block_tokens = 8
+    engine = engine_for(model, step_rows=8)
     params = GenerationParams(max_new_tokens=6)
-    long_job = engine.start(list(range(4, 70)), None, params)  # 66 rows: 9 chunks of 8
+    long_job = engine.start(list(range(4, 70)), None, params)  # 66 rows: 8 blocks of 8, then 2
     short_job = engine.start([5, 6, 7], None, params)
     shorts_before_long_starts = 0
     while not long_job.done or not short_job.done:
         live = [job for job in (long_job, short_job) if not job.done]
-        outcomes = engine.step(live, prefill_rows=8)
+        outcomes = engine.step(live, step_rows=12)
         if short_job in live and long_job.prefilling and outcomes[live.index(short_job)]:
             shorts_before_long_starts += bool(outcomes[live.index(short_job)].event.tokens)
     assert shorts_before_long_starts >= 5  # the short request decoded while the long prefilled
@@ -151,7 +152,7 @@ def test_smollm2_batched_greedy_outputs_equal_each_alone() -> None:
     from toolspec.prompts import chat_prompt
     loaded = load_model("smollm2-135m", "fp32")
     model = TargetModel(loaded.model)
-    engine = Engine(model, loaded.tokenizer, budget=8, prefill_chunk_tokens=32)
+    engine = Engine(model, loaded.tokenizer, budget=8, step_rows=32)
     texts = ["List three colours.", "Repeat: {\"name\": \"get_weather\", \"city\": \"Paris\"}",
              "What is 2 + 2?", "Name a fruit.", "Write the word hello twice.",
              "Count from one to five.", "Say yes.", "Spell cat."]
@@ -160,5 +161,5 @@ def test_smollm2_batched_greedy_outputs_equal_each_alone() -> None:
     params = GenerationParams(max_new_tokens=24)
     plain = [engine.generate(prompt, None, params) for prompt in items]
     together = run_together(engine, items, [PromptLookupDrafter() for _ in items], params,
-                            prefill_rows=64)
+                            step_rows=96)
     assert [g.tokens for g in together] == [g.tokens for g in plain]

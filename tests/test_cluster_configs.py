@@ -54,7 +54,8 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     limits = gpu_group["template"]["spec"]["containers"][0]["resources"]["limits"]
     # A replica's ranks all sit on one node (STRICT_PACK): a pod holds all of them.
     assert int(limits["nvidia.com/gpu"]) == model.tensor_parallel_size
-    assert gpu_group["replicas"] >= deployments["ModelServer"].num_replicas
+    assert gpu_group["maxReplicas"] >= model.autoscaling["max_replicas"]
+    assert gpu_group["replicas"] >= model.autoscaling["min_replicas"]
     # The library actor's custom resource exists on the head (KubeRay wants a quoted JSON).
     head_resources = json.loads(json.loads(cluster["headGroupSpec"]["rayStartParams"]["resources"]))
     assert set(deployments["CallLibraryService"].ray_actor_options.resources) <= set(head_resources)

@@ -83,7 +83,10 @@ def test_forced_calls_end_after_one_call_like_the_model(clients, case: int, choi
         assert answer["toolspec"]["constrained"] is True
     assert [call["function"] for call in answers[0]["choices"][0]["message"]["tool_calls"]] \
         == [call["function"] for call in answers[1]["choices"][0]["message"]["tool_calls"]]
-    assert answers[0]["usage"] == answers[1]["usage"]
+    # The same token counts (the second may take the first's prompt from the prefix cache).
+    counts = [{k: v for k, v in answer["usage"].items() if k != "prompt_tokens_details"}
+              for answer in answers]
+    assert counts[0] == counts[1]
 
 
 def test_auto_is_one_call_too_on_the_tool_caller(clients) -> None:

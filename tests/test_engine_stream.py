@@ -65,57 +65,6 @@ def test_closing_the_stream_early_stops_the_drafter() -> None:
     assert Recording.stopped
 
 
-def test_a_kept_cache_serves_the_next_turn_with_the_same_output() -> None:
-    from deployments.kv_sessions import SessionKVStore
-
-    engine = _engine()
-    params = GenerationParams(max_new_tokens=12)
-    first_prompt = [random.Random(8).randrange(VOCAB) for _ in range(30)]
-    first = list(engine.stream(first_prompt, None, params, keep_kv=True))[-1]
-    assert first.kv is not None
-    assert first.kv.tokens == tuple(first_prompt) + first.generation.tokens[:-1]
-    store = SessionKVStore(budget_bytes=1 << 30, min_reuse=4)
-    store.put("s", first.kv)
-    # The next turn: the earlier prompt and answer, then new tokens.
-    second_prompt = list(first_prompt) + list(first.generation.tokens) + [5, 6, 7]
-    prefix = store.take("s", second_prompt)
-    assert prefix is not None and len(prefix.tokens) == len(first_prompt) + 11
-    fresh = engine.generate(second_prompt, OracleDrafter(()), params)
-    reused = list(engine.stream(second_prompt, None, params, prefix=prefix))[-1].generation
-    assert reused.tokens == fresh.tokens
-    assert store.stats().hits == 1 and store.take("s", second_prompt) is None  # taken
-
-
-def test_a_prefix_that_does_not_fit_is_refused() -> None:
-    import pytest
-
-    from toolspec.engine import KVPrefix, PrefixMismatchError
-
-    engine = _engine()
-    kv = list(engine.stream([1, 2, 3, 4], None, GenerationParams(max_new_tokens=2),
-                            keep_kv=True))[-1].kv
-    with pytest.raises(PrefixMismatchError):
-        next(engine.stream([9, 9, 9, 9, 9, 9], None, GenerationParams(), prefix=kv))
-    with pytest.raises(PrefixMismatchError):
-        whole_prompt = KVPrefix(kv.tokens, kv.cache)  # nothing would be left to prefill
-        next(engine.stream(list(kv.tokens), None, GenerationParams(), prefix=whole_prompt))
-
-
-def test_session_caches_are_evicted_least_recently_used_under_the_byte_budget() -> None:
-    from deployments.kv_sessions import SessionKVStore, cache_bytes
-
-    engine = _engine()
-    kvs = [list(engine.stream([i + 1] * 20, None, GenerationParams(max_new_tokens=3),
-                              keep_kv=True))[-1].kv for i in range(3)]
-    size = cache_bytes(kvs[0])
-    store = SessionKVStore(budget_bytes=2 * size + size // 2, min_reuse=4)
-    for name, kv in zip("abc", kvs):
-        store.put(name, kv)
-    assert store.stats().sessions == 2 and store.stats().bytes <= store.budget_bytes
-    assert store.take("a", [1] * 30) is None  # the oldest went first
-    assert store.take("c", [3] * 30) is not None
-
-
 def test_the_first_tree_rides_on_the_prefill_forward() -> None:
     engine = _engine()
     plain, events, final = _plain_and_oracle_events(engine, 8, 15, 30)
@@ -139,7 +88,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_an_empty_event_after_each() -
     prompt = [random.Random(5).randrange(VOCAB) for _ in range(23)]
     params = GenerationParams(max_new_tokens=20)
     whole = engine.generate(prompt, None, params)
-    engine.prefill_chunk_tokens = 5
+    engine.model.block_tokens = engine.block_tokens = 5
+    engine.step_rows = 5
     for drafter in (None, OracleDrafter(whole.tokens)):
         events = list(engine.stream(prompt, drafter, params))
         chunks = [e for e in events if not e.tokens and e.generation is None]
@@ -151,7 +101,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_an_empty_event_after_each() -
 def test_chunked_prefill_lets_a_scheduler_interleave_other_requests() -> None:
     """Two requests in turn: the short one's steps run between the long prompt's chunks."""
     engine = _engine()
-    engine.prefill_chunk_tokens = 4
+    engine.model.block_tokens = engine.block_tokens = 4
+    engine.step_rows = 4
     params = GenerationParams(max_new_tokens=3)
     long = engine.stream(list(range(1, 41)), None, params)
     short = engine.stream([7, 8, 9], None, params)

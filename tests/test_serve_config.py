@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from deployments import AppConfig, app_builder
-from deployments.builder import SESSION_ROUTER
+from deployments.prefix_router import PREFIX_ROUTER
 
 CONFIG = Path(__file__).parent.parent / "serve_config.yaml"
 
@@ -28,7 +28,11 @@ def test_serve_config_validates_and_matches_the_builder() -> None:
     assert names == {"Ingress", "ModelServer", "CallLibraryService"}
     assert built._bound_deployment.name == "Ingress"
     model = next(d for d in application.deployments if d.name == "ModelServer")
-    assert model.request_router_config["request_router_class"] == SESSION_ROUTER
+    built_model = built._bound_deployment.init_args[0]._bound_deployment._deployment_config
+    assert built_model.request_router_config.request_router_class == PREFIX_ROUTER
+    # Replicas follow load; one scaled down finishes its requests (bounded by their deadline).
+    assert config.model.replicas is None and built_model.autoscaling_config.max_replicas >= 2
+    assert built_model.graceful_shutdown_timeout_s == config.request_timeout_s
     assert set(model.user_config) == {"model", "dtype", "draft_budget"}
     assert config.engine_settings().prepack_linear
     # Served trees are sized as the benchmarks' are (a fixed 7 replays 1.2-1.6x slower).
@@ -48,3 +52,20 @@ def test_weight_packing_is_a_switch() -> None:
         AppConfig.model_validate({"model": {"prepack_linear": [8, 16]}})
     with pytest.raises(ValidationError, match="packed_rows"):
         AppConfig.model_validate({"model": {"packed_rows": [8, 16]}})
+
+
+def test_fixed_replicas_and_autoscaling_exclude_each_other() -> None:
+    with pytest.raises(ValidationError, match="not both"):
+        AppConfig.model_validate({"model": {"replicas": 2, "autoscaling": {"max_replicas": 3}}})
+    with pytest.raises(ValidationError):  # Ray's own check of the autoscaling config
+        AppConfig.model_validate({"model": {"autoscaling": {"min_replicas": 3,
+                                                            "max_replicas": 2}}})
+    fixed = AppConfig.model_validate({"model": {"replicas": 3, "routing": "session_hash"}})
+    options = fixed.model.replica_options()
+    assert options["num_replicas"] == 3 and "autoscaling_config" not in options
+    assert options["request_router_config"].request_router_class.endswith(
+        "ConsistentHashRouter")
+    assert "request_router_config" not in AppConfig.model_validate(
+        {"model": {"routing": "power_of_two"}}).model.replica_options()
+    with pytest.raises(ValidationError, match="step_rows"):
+        AppConfig.model_validate({"model": {"step_rows": -1}})

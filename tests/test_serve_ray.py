@@ -53,13 +53,28 @@ def scripted_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> st
     serve.delete("scripted")
 
 
-def test_a_session_stays_on_one_replica_across_two(scripted_app: str) -> None:
-    pinned = {chat(scripted_app, "session-a")["toolspec"]["replica"] for _ in range(6)}
-    assert len(pinned) == 1
-    spread = {chat(scripted_app, f"session-{i}")["toolspec"]["replica"] for i in range(16)}
-    assert len(spread) == 2  # other sessions land on the other replica too
-    by_user = {chat(scripted_app, None, user="bob")["toolspec"]["replica"] for _ in range(4)}
-    assert len(by_user) == 1
+def tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": f"The {name} tool.",
+                                             "parameters": WEATHER["function"]["parameters"]}}
+
+
+def test_requests_go_where_their_session_or_prompt_is_cached(scripted_app: str) -> None:
+    """Prefix-aware routing across two replicas: a session stays on its replica whatever it
+    asks; a prompt goes where the same prompt went; prompts that share nothing spread."""
+    turns = {chat(scripted_app, "session-a",
+                  messages=[{"role": "user", "content": f"Question number {i}?"}]
+                  )["toolspec"]["replica"] for i in range(5)}
+    assert len(turns) == 1
+    same = {chat(scripted_app, f"other-{i}")["toolspec"]["replica"] for i in range(5)}
+    assert len(same) == 1  # the same tools and question, from five sessions
+    spread = {chat(scripted_app, None, tools=[tool(f"tool_number_{i}_of_many")],
+                   messages=[{"role": "user", "content": f"Use tool {i} on item {i * 7}."}]
+                   )["toolspec"]["replica"] for i in range(16)}
+    assert len(spread) == 2
+    by_user = {chat(scripted_app, None, user="bob",
+                    messages=[{"role": "user", "content": f"Hi {i}"}])["toolspec"]["replica"]
+               for i in range(4)}
+    assert len(by_user) == 1  # no session header: the body's user is the session
 
 
 def test_the_tenant_header_reaches_the_shared_library(scripted_app: str) -> None:
@@ -79,7 +94,8 @@ METRICS = ("toolspec_requests", "toolspec_admission_refusals",
            "toolspec_time_to_first_token_seconds", "toolspec_inter_token_latency_seconds",
            "toolspec_tokens_per_step", "toolspec_accepted_draft_tokens", "toolspec_draft_seconds",
            "toolspec_verify_seconds", "toolspec_batch_size", "toolspec_active_requests",
-           "toolspec_prompt_tokens", "toolspec_library_lookups",
+           "toolspec_prompt_tokens", "toolspec_library_lookups", "toolspec_routing_decisions",
+           "toolspec_routed_prefix_blocks",
            "toolspec_library_lookup_seconds")
 
 
@@ -95,8 +111,9 @@ def test_health_models_and_metrics_of_a_real_deployment(scripted_app: str) -> No
     listed = httpx.get(f"{scripted_app}/v1/models", timeout=60).json()["data"]
     assert listed[0]["root"] == "toy-model" and listed[0]["max_model_len"] == 4096
     chat(scripted_app, "metrics-1")
+    # Without tools the scripted answer is text in two fragments: a first token, then a gap.
     with httpx.stream("POST", f"{scripted_app}/v1/chat/completions", timeout=60, json={
-            "model": "qwen2.5-coder-0.5b", "tools": [WEATHER], "stream": True,
+            "model": "qwen2.5-coder-0.5b", "stream": True,
             "messages": [{"role": "user", "content": "Weather in Oslo?"}]}) as streamed:
         assert streamed.status_code == 200 and "[DONE]" in streamed.read().decode()
     assert post(scripted_app, tenant="not a tenant").status_code == 400

@@ -214,29 +214,32 @@ def test_retrieval_actor_down_requests_still_succeed_and_backoff_applies(stored)
 
 
 @pytest.mark.real_model
-def test_second_turn_of_a_session_prefills_only_new_tokens_with_the_same_output() -> None:
+def test_the_next_turn_takes_its_prompt_from_the_prefix_cache_with_the_same_output() -> None:
     from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
 
-    engine = ToolSpecChatEngine(EngineSettings("smollm2-135m", "float32", draft_budget=4))
+    engine = ToolSpecChatEngine(EngineSettings("smollm2-135m", "float32", draft_budget=4,
+                                               step_rows=0))
     replica = ModelReplica(engine, name="r0")
 
-    def turn(messages: list[dict[str, str]], session: str | None) -> tuple[StreamStart, str]:
-        chat = ChatRequest("t", "smollm2-135m", tuple(messages), max_tokens=12, session_id=session)
+    def turn(messages: list[dict[str, str]], tenant: str) -> tuple[StreamStart, StreamEnd, str]:
+        chat = ChatRequest("t", "smollm2-135m", tuple(messages), max_tokens=12, tenant=tenant)
 
         async def run() -> list[Any]:
             return [event async for event in replica.generate(chat)]
 
         events = asyncio.run(run())
-        return events[0], "".join(e.text for e in events if isinstance(e, TextStep))
+        return events[0], events[-1], "".join(e.text for e in events if isinstance(e, TextStep))
 
-    first = [{"role": "user", "content": "Name three colors."}]
-    start, answer = turn(first, "s1")
-    assert start.prefix_reused == 0
+    first = [{"role": "system", "content": "You are a helpful assistant. " * 12},
+             {"role": "user", "content": "Name three colors."}]
+    start, end, answer = turn(first, "acme")
+    assert end.cached_tokens == 0
     second = first + [{"role": "assistant", "content": answer},
                       {"role": "user", "content": "And three fruits?"}]
-    reused_start, reused = turn(second, "s1")
-    fresh_start, fresh = turn(second, None)
-    assert reused_start.prefix_reused > start.prompt_tokens // 2
-    assert fresh_start.prefix_reused == 0 and reused == fresh
-    assert engine.sessions.stats().hits == 1
+    _, reused_end, reused = turn(second, "acme")
+    _, fresh_end, fresh = turn(second, "other-tenant")  # shares nothing with acme's cache
+    assert reused_end.cached_tokens >= start.prompt_tokens // 32 * 32 > 0
+    assert fresh_end.cached_tokens == 0 and reused == fresh
+    stats = engine.prefix_cache.stats()
+    assert stats.hit_blocks == reused_end.cached_tokens // 32
     replica.shutdown()

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.prefix_cache import PrefixCache
 from toolspec.sampling import SamplingParams
 from toolspec.target_model import CacheOperations
 
@@ -58,6 +59,20 @@ def scenario(model: TargetModel) -> dict[str, Any]:
                       for p, t in zip(prompts, plain)]
     jobs = [engine.start(p, ScriptedDrafter(t, VOCAB, 5), greedy) for p, t in zip(prompts, plain)]
     out["batched"] = [g.tokens for g in engine.run(jobs)]
+
+    # The prefix cache: blocks saved, taken and (in the tiny one) dropped on every rank.
+    model.block_tokens = 8
+    system = [rng.randrange(4, VOCAB) for _ in range(30)]
+    shared = [[*system, *(rng.randrange(4, VOCAB) for _ in range(rng.randint(2, 12)))]
+              for _ in range(4)]
+    out["unshared"] = [engine.generate(p, None, greedy).tokens for p in shared]
+    for name, budget_bytes in (("cached", 1 << 30), ("evicting", 1)):
+        cached = Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3], step_rows=24,
+                        prefix_cache=PrefixCache(model, budget_bytes, 8))
+        first = cached.generate(shared[0], None, greedy)
+        rest = cached.run([cached.start(p, None, greedy) for p in shared[1:]])
+        out[name] = [g.tokens for g in (first, *rest)]
+        out[f"{name}_tokens"] = [g.cached_tokens for g in (first, *rest)]
     return out
 
 
@@ -119,9 +134,12 @@ def test_two_ranks_decode_as_the_whole_model(saved_model: Path) -> None:
         got = torch.tensor(listed)
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-5, rtol=0)
-    for key in ("greedy", "speculative", "sampled", "batched"):
+    for key in ("greedy", "speculative", "sampled", "batched", "cached", "cached_tokens",
+                "evicting"):
         assert split[key] == expected[key], key
     assert split["speculative"] == split["greedy"] == split["batched"]
+    assert split["cached"] == split["evicting"] == split["unshared"]
+    assert split["cached_tokens"] == [0, 24, 24, 24] and split["evicting_tokens"] == [0] * 4
 
 
 def test_head_counts_the_ranks_cannot_split_are_refused() -> None:

@@ -286,3 +286,19 @@ def _size_bucket(sequences: int) -> int:
     """The power of two at or above ``sequences``: batch sizes whose rates are learned
     together."""
     return 1 << max(0, sequences - 1).bit_length()
+
+
+# How much dearer than a one-row decoding step a forward may become when prompt chunks share it
+# (``rows_per_step``): the inter-token latency a request sees while others' prompts are read.
+STEP_COST_FACTOR = 3.0
+
+
+def rows_per_step(cost: CostModel, block_tokens: int, factor: float = STEP_COST_FACTOR,
+                  most: int = 8192) -> int:
+    """The most rows a forward may run (whole prompt blocks, at least one) so that it costs at
+    most ``factor`` one-row steps on ``cost`` — vLLM's ``max_num_batched_tokens``, chosen from
+    this machine's curve: decoding goes on beside long prompts at a bounded slowdown."""
+    rows = block_tokens
+    while rows + block_tokens <= most and cost.cost(rows + block_tokens) <= factor:
+        rows += block_tokens
+    return rows

@@ -13,6 +13,13 @@ The first draft tree rides on the prefill forward (rooted at the prompt's last t
 accepted tokens arrive with the first token, and the request needs one forward fewer. A
 ``GenerationParams.constraint`` (a compiled tool-call grammar) makes every choice a masked one,
 in speculative and plain decoding alike (see ``grammar_masks``).
+
+Prompts: with a ``PrefixCache`` a job first takes the cached blocks its prompt starts with
+(at its first step, and again at each step while it prefills: blocks another job computed
+meanwhile), and every prompt block a forward computes is inserted at once. Two jobs about to
+compute the same block do not both do it: one runs, the other sits the step out and takes the
+block next step. A step runs at most ``step_rows`` rows: decoding goes first, prompt chunks
+(whole blocks, shortest prompt first) fill what it leaves, at least one block a step.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, TypeVar
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from toolspec.budget import DraftBudget, FixedBudget
+from toolspec.draft_tree import DraftTree
 from toolspec.drafters.base import DraftRequest, Drafter, NoDrafter
 from toolspec.formats import CallFormat
 # The data types of a generation live in ``toolspec.generation``; importable from here too.
@@ -32,6 +40,7 @@ from toolspec.generation import (Generation, GenerationParams, KVPrefix, PrefixM
                                  StepEvent, StepStats)
 from toolspec.job import DecodeJob, Verified
 from toolspec.output import RequestOutput
+from toolspec.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache, block_keys
 from toolspec.target_model import TargetModel
 from toolspec.tools import ToolSet
 
@@ -50,6 +59,8 @@ class StepReport:
     decode_rows: int  # roots and draft-tree nodes of decoding steps
     forward_s: float
     step_s: float
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
+    waiting: int = 0  # jobs that sat the step out (no rows left, or a block another computes)
 
 
 @dataclass(frozen=True)
@@ -67,10 +78,11 @@ class Engine:
     ``budget`` decides how much of each draft tree is verified: an int caps the nodes (the
     forward runs over at most budget + 1 tokens); a ``CostAwareBudget`` sizes each tree to the
     measured cost curve. ``draft_at_prefill``: verify a first tree in the prefill forward (off:
-    the prefill chooses one token, as plain decoding does). Mutates: the budget's acceptance
-    statistics, across generations. ``prefill_chunk_tokens`` (0: off): a longer prompt is
-    prefilled that many tokens per forward, ``stream`` yielding an empty event after each
-    chunk, and ``step`` running other jobs' steps beside it.
+    the prefill chooses one token, as plain decoding does). ``step_rows`` (0: no limit): rows
+    a forward runs at most; a longer prompt is prefilled in chunks of whole blocks, ``stream``
+    yielding an empty event after each chunk, and ``step`` running other jobs' steps beside
+    it. ``prefix_cache``: prompt blocks kept across requests (None: every prompt computed).
+    Mutates: the budget's acceptance statistics and the prefix cache, across generations.
     """
 
     def __init__(
@@ -80,17 +92,26 @@ class Engine:
         budget: DraftBudget | int = 8,
         stop_token_ids: Sequence[int] | None = None,
         draft_at_prefill: bool = True,
-        prefill_chunk_tokens: int = 0,
+        step_rows: int = 0,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if isinstance(budget, int):
             if budget < 0:
                 raise ValueError(f"the draft budget must be >= 0, got {budget}")
             budget = FixedBudget(budget)
+        if step_rows < 0:
+            raise ValueError(f"step_rows must be >= 0 (0: no limit), got {step_rows}")
         self.model = model
         self.tokenizer = tokenizer
         self.budget = budget
         self.draft_at_prefill = draft_at_prefill
-        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.step_rows = step_rows
+        # Prompt chunks end on the model's block boundaries: a block is attended whole.
+        self.block_tokens = int(getattr(model, "block_tokens", DEFAULT_BLOCK_TOKENS))
+        if prefix_cache is not None and prefix_cache.block_tokens != self.block_tokens:
+            raise ValueError(f"the prefix cache's blocks ({prefix_cache.block_tokens} tokens) "
+                             f"must be the model's ({self.block_tokens})")
+        self.prefix_cache = prefix_cache
         # The latest step's report (diagnostics; None when it ran no forward).
         self.last_step: StepReport | None = None
         self.stop_token_ids = frozenset(
@@ -124,19 +145,12 @@ class Engine:
         call_format: CallFormat | None = None,
         conversation: str = "",
         tenant: str = "default",
-        prefix: KVPrefix | None = None,
-        keep_kv: bool = False,
     ) -> Generator[StepEvent, None, None]:
         """``generate`` one step at a time: a ``StepEvent`` per step, the last one carrying the
         ``Generation``. Closing the iterator early ends the request (the drafter is stopped).
         Timings are wall time, so they include any time the consumer held the iterator.
-
-        ``prefix``: a cache of the prompt's first tokens; only the rest is prefilled. Mutates:
-        ``prefix.cache`` (it becomes this request's cache). ``keep_kv``: the last event holds
-        the cache of prompt + output (for the next turn of a conversation).
         """
-        job = self.start(prompt_ids, drafter, params, tools, call_format, conversation, tenant,
-                         prefix, keep_kv)
+        job = self.start(prompt_ids, drafter, params, tools, call_format, conversation, tenant)
         try:
             while not job.done:
                 outcome = self.step([job])[0]
@@ -155,36 +169,43 @@ class Engine:
         call_format: CallFormat | None = None,
         conversation: str = "",
         tenant: str = "default",
-        prefix: KVPrefix | None = None,
-        keep_kv: bool = False,
     ) -> DecodeJob:
         """A job for ``prompt_ids`` (arguments as ``stream``), run by ``step``. Starts its
-        drafter; raises PrefixMismatchError for a ``prefix`` that does not fit."""
+        drafter. ``tenant`` also scopes the prompt's blocks in the prefix cache."""
         output = RequestOutput(self.tokenizer, call_format)  # the job appends, the drafter reads
         request = DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant, output)
         return DecodeJob(self.model, self.tokenizer, self.stop_token_ids, drafter or NoDrafter(),
-                         params, request, self.budget.max_nodes, self.draft_at_prefill, prefix,
-                         keep_kv)
+                         params, request, self.budget.max_nodes, self.draft_at_prefill)
 
-    def step(self, jobs: Sequence[DecodeJob], prefill_rows: int | None = None
-             ) -> list[StepOutcome]:
+    def step(self, jobs: Sequence[DecodeJob], step_rows: int | None = None
+             ) -> list[StepOutcome | None]:
         """One step of every job in one forward: propose → verify → commit → observe.
 
-        Prompts are prefilled ``prefill_rows`` rows per step in all (default: the engine's
-        ``prefill_chunk_tokens`` for each prompt; 0: no limit), in the order of ``jobs``: a job
-        whose prompt gets no rows this step sits it out (its outcome is None). A job that
-        fails (its drafter or its grammar raises) is closed and its outcome holds the error;
-        the others go on. Mutates: the jobs, their caches, the budget's statistics.
+        At most ``step_rows`` rows (default: the engine's ``step_rows``; 0: no limit):
+        decoding jobs' trees first, then prompt chunks of whole blocks, shortest prompt first,
+        at least one block a step; a job whose prompt gets no rows — or whose next block
+        another job computes this step — sits it out (its outcome is None). A job that fails
+        (its drafter or its grammar raises) is closed and its outcome holds the error; the
+        others go on. Mutates: the jobs, their caches, the budget's statistics, the prefix
+        cache.
         """
         began = time.perf_counter()
         self.last_step = None
         outcomes: list[StepOutcome | None] = [None] * len(jobs)
-        chunks = self._prompt_rows(jobs, prefill_rows)
-        drafting = [i for i, chunk in enumerate(chunks) if chunk is None]
-        proposals = {i: _guarded(outcomes, i, jobs[i], jobs[i].propose) for i in drafting}
-        ready = [i for i in drafting if outcomes[i] is None]
-        trees = dict(zip(ready, self.budget.select_batch([proposals[i] for i in ready])))
-        running = ready + [i for i, chunk in enumerate(chunks) if chunk]
+        cached = self._take_cached_prompts(jobs)
+        decoding = [i for i, job in enumerate(jobs) if not job.prefilling]
+        trees = self._select_trees(jobs, decoding, outcomes)
+        limit = self.step_rows if step_rows is None else step_rows
+        left = None
+        if limit:
+            used = sum(1 + len(tree) for tree in trees.values())
+            left = max(self.block_tokens, limit - used)
+        chunks = self._prompt_chunks(jobs, left)
+        trees.update(self._select_trees(
+            jobs, [i for i, job in enumerate(jobs) if job.prefilling and chunks[i] is None],
+            outcomes))
+        running = sorted([*trees, *(i for i, chunk in enumerate(chunks) if chunk)])
+        waiting = sum(1 for chunk in chunks if chunk == 0)
         if not running:
             return outcomes
         clock = time.perf_counter()
@@ -204,20 +225,22 @@ class Engine:
                 if result[1] is not None:
                     verified.append(result[1])
         self.budget.observe_batch(verified)
+        self._store_computed_prompts([jobs[i] for i, r in zip(running, rows)
+                                      if r.prompt and outcomes[i].error is None])
         prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
         self.last_step = StepReport(len(running), prompt_rows,
                                     sum(r.rows for r in rows) - prompt_rows, forward_s,
-                                    time.perf_counter() - began)
+                                    time.perf_counter() - began, cached, waiting)
         return outcomes
 
-    def run(self, jobs: Sequence[DecodeJob], prefill_rows: int | None = None
+    def run(self, jobs: Sequence[DecodeJob], step_rows: int | None = None
             ) -> list[Generation | Exception]:
         """Step every job to its end, all unfinished ones in each forward; per job its
         ``Generation`` or the exception that failed it. Mutates: as ``step``."""
         results: list[Generation | Exception | None] = [None] * len(jobs)
         active = list(range(len(jobs)))
         while active:
-            outcomes = self.step([jobs[i] for i in active], prefill_rows)
+            outcomes = self.step([jobs[i] for i in active], step_rows)
             for i, outcome in zip(active, outcomes):
                 if outcome is not None and outcome.error is not None:
                     results[i] = outcome.error
@@ -226,28 +249,107 @@ class Engine:
             active = [i for i in active if results[i] is None]
         return results  # type: ignore[return-value]
 
-    def _prompt_rows(self, jobs: Sequence[DecodeJob], prefill_rows: int | None
-                     ) -> list[int | None]:
-        """Per job: the prompt chunk it runs this step (0: it sits the step out), or None when
-        it verifies a tree — it is decoding, or the rest of its prompt fits (the tree then
-        rides on the prompt's last forward)."""
-        per_job = self.prefill_chunk_tokens or None
-        left = prefill_rows or None  # rows this step may still give to prompts (None: any)
+    def _select_trees(self, jobs: Sequence[DecodeJob], indices: Sequence[int],
+                      outcomes: list[StepOutcome | None]) -> dict[int, DraftTree]:
+        """The trees jobs ``indices`` verify this step: each proposes, the budget chooses
+        what of all of them one forward verifies. A job whose drafter fails is left out."""
+        proposals = {i: _guarded(outcomes, i, jobs[i], jobs[i].propose) for i in indices}
+        ready = [i for i in indices if outcomes[i] is None]
+        return dict(zip(ready, self.budget.select_batch([proposals[i] for i in ready])))
+
+    def _prompt_chunks(self, jobs: Sequence[DecodeJob], left: int | None) -> list[int | None]:
+        """Per job: the prompt rows it runs this step without a tree (0: it sits the step
+        out), or None when it verifies a tree — it is decoding, or the rest of its prompt fits
+        in ``left`` rows (None: any), so the tree rides on the prompt's last forward."""
         chunks: list[int | None] = [None] * len(jobs)
+        claimed: set[bytes] = set()  # blocks a job computes this step
         # Shortest prompt first: a short request's first token is never queued behind a long
         # prompt's chunks (the long one takes what is left, every step).
         waiting = sorted((i for i, job in enumerate(jobs) if job.prefilling),
                          key=lambda i: jobs[i].prompt_rows)
         for i in waiting:
-            rows = jobs[i].prompt_rows
-            allowed = min((limit for limit in (per_job, left) if limit is not None),
-                          default=None)
-            if allowed is not None and rows > allowed:
-                chunks[i] = min(allowed, rows - 1)
-                rows = chunks[i]
+            job = jobs[i]
+            block = self._next_block(job)
+            if block is not None and block in claimed:
+                chunks[i] = 0  # another job computes it now: take it from the cache next step
+                continue
+            rows = job.prompt_rows
+            if left is not None and rows > left:
+                chunks[i] = _aligned_chunk(job.prompt_position, rows, left, self.block_tokens)
+                rows = chunks[i] or 0
+            if block is not None and rows:
+                claimed.add(block)
             if left is not None:
                 left = max(0, left - rows)
         return chunks
+
+    # ---- the prefix cache -------------------------------------------------------------------
+
+    def _keys(self, job: DecodeJob) -> list[bytes]:
+        if job.block_keys is None:
+            job.block_keys = block_keys(job.tenant, job.prompt_ids, self.block_tokens)
+        return job.block_keys
+
+    def _next_block(self, job: DecodeJob) -> bytes | None:
+        """The key of the prompt block ``job`` computes next, where a prefix cache could keep
+        it (a full block starting on a boundary); else None."""
+        if self.prefix_cache is None or job.prompt_position % self.block_tokens:
+            return None
+        index = job.prompt_position // self.block_tokens
+        keys = self._keys(job)
+        return keys[index] if index < len(keys) else None
+
+    def _take_cached_prompts(self, jobs: Sequence[DecodeJob]) -> int:
+        """Give every prefilling job the cached blocks that continue what its cache holds
+        (at least its prompt's last token is left to run); returns the tokens given. Mutates:
+        the jobs and their caches, the prefix cache's recency order and counters."""
+        if self.prefix_cache is None:
+            return 0
+        given = 0
+        size = self.block_tokens
+        for job in jobs:
+            if job.done or not job.prefilling or job.prompt_position % size:
+                continue
+            first = job.prompt_position // size
+            keys = self._keys(job)
+            count = self.prefix_cache.cached_blocks(keys, job.prompt_ids, first,
+                                                    (job.prompt_tokens - 1) // size)
+            if count:
+                self.prefix_cache.take(job.cache, keys, job.prompt_ids, first, count)
+                job.take_cached(count * size)
+                job.blocks_offered = max(job.blocks_offered, first + count)
+                given += count * size
+        return given
+
+    def _store_computed_prompts(self, jobs: Sequence[DecodeJob]) -> None:
+        """Insert the prompt blocks each job's forward completed; a job whose prompt is now
+        whole counts the blocks it could have taken but computed as missed. Mutates: the
+        prefix cache."""
+        if self.prefix_cache is None:
+            return
+        size = self.block_tokens
+        for job in jobs:
+            end = job.prompt_position // size
+            if end > job.blocks_offered:
+                # From the first block: one evicted since this job took it goes back too.
+                self.prefix_cache.insert(job.cache, self._keys(job), job.prompt_ids, 0, end)
+                job.blocks_offered = end
+            if not job.prefilling:
+                reusable = (job.prompt_tokens - 1) // size
+                self.prefix_cache.count_missed(max(0, reusable - job.cached_tokens // size))
+
+
+def _aligned_chunk(position: int, rows: int, allowed: int, block: int) -> int | None:
+    """Prompt rows to run from ``position`` with ``allowed`` rows left this step: up to the
+    last block boundary that fits (at least to the next one, so a prompt always advances);
+    None when that reaches the prompt's end (the rest runs whole, with its tree); 0 when no
+    rows are left."""
+    if allowed <= 0:
+        return 0
+    end = (position + allowed) // block * block
+    if end <= position:
+        end = (position // block + 1) * block
+    return None if end >= position + rows else end - position
 
 
 def _guarded(outcomes: list[StepOutcome | None], index: int, job: DecodeJob,

@@ -63,6 +63,8 @@ class Generation:
     prefill_step: StepStats | None = None
     # The well-formed calls in ``text``, as the request's output parse found them.
     calls: tuple[ToolCall, ...] = ()
+    # Prompt tokens whose keys and values came from a prefix cache (not computed).
+    cached_tokens: int = 0
 
     @property
     def decode_tokens(self) -> int:
@@ -93,8 +95,9 @@ class Generation:
 
 @dataclass(frozen=True)
 class KVPrefix:
-    """A KV cache holding exactly the keys and values of ``tokens`` (a prompt's first tokens):
-    what a later request whose prompt starts with ``tokens`` need not prefill again."""
+    """A cache holding exactly the keys and values of ``tokens``, a prompt's first tokens, that
+    a job starts from (the simulator's replay cache; served requests take prompt blocks from
+    the engine's prefix cache instead)."""
 
     tokens: tuple[int, ...]
     cache: DynamicCache
@@ -120,5 +123,4 @@ class StepEvent:
     text: str
     stats: StepStats | None
     generation: Generation | None = None
-    kv: KVPrefix | None = None  # last event of a stream asked to keep it: prompt + output
     calls: tuple[CallSpan, ...] = ()

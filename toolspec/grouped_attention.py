@@ -28,13 +28,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 GROUPED_SDPA = "toolspec_grouped_sdpa"
 STOCK_SDPA = "sdpa"
-# Model keyword argument (passed through to attention functions) naming how many leading rows
-# of a forward are plain causal tokens. Why: SDPA's result for a row depends on the shape of the
-# call it is in (kernel blocking), so a prompt prefilled together with a draft tree would get
-# keys and values a few bf16 ulps away from a plain prefill's, and a near-tie later in the
-# output could then go the other way. Attending those rows in a call of their own keeps the
-# prompt's cache bitwise equal to plain decoding's.
-CAUSAL_ROWS = "toolspec_causal_rows"
 
 
 def grouped_sdpa_attention(
@@ -46,9 +39,8 @@ def grouped_sdpa_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    toolspec_causal_rows: int | None = None,
     toolspec_batch: RaggedBatch | None = None,
-    toolspec_prompt_rows: int = 0,
+    toolspec_prompt_blocks: tuple[PromptBlock, ...] = (),
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Stock SDPA attention, except that a masked forward over grouped heads on CPU runs on the
@@ -56,24 +48,24 @@ def grouped_sdpa_attention(
     ``[batch, heads, q, dim]``, ``key``/``value`` ``[batch, kv_heads, kv, dim]``; returns
     ``[batch, q, heads, dim]``.
 
-    ``toolspec_causal_rows``: the forward's first rows are plain causal tokens (a prompt ahead
-    of a draft tree); they are attended exactly as a forward of those tokens alone would (see
-    ``CAUSAL_ROWS``), the tree rows after them in a second call. ``toolspec_batch``: the rows
-    belong to several sequences (``ragged_attention``)."""
+    ``toolspec_prompt_blocks``: the first rows are prompt rows, attended block by block (see
+    ``PromptBlock``); the rows after them (a tree's nodes) in one more call under
+    ``attention_mask``, which covers only them. ``toolspec_batch``: the rows belong to several
+    sequences (``ragged_attention``)."""
     if toolspec_batch is not None:
         return ragged_attention(module, query, key, value, toolspec_batch, dropout=dropout,
                                 scaling=scaling, is_causal=is_causal, **kwargs)
-    rows = query.shape[2]
-    if toolspec_causal_rows is not None and attention_mask is not None \
-            and 0 < toolspec_causal_rows < rows:
-        causal = toolspec_causal_rows
-        lead = _leading_rows_alone(module, query, key, value, attention_mask, causal,
-                                   dropout=dropout, scaling=scaling, is_causal=is_causal,
-                                   **kwargs)
-        tree, _ = grouped_sdpa_attention(
-            module, query[:, :, causal:], key, value, attention_mask[..., causal:, :],
-            dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
-        return torch.cat((lead, tree), dim=1), None
+    if toolspec_prompt_blocks:
+        outputs = _attend_prompt_blocks(module, query, key, value, toolspec_prompt_blocks,
+                                        dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                        **kwargs)
+        first = _rows_after(toolspec_prompt_blocks)
+        if first < query.shape[2]:
+            rest, _ = grouped_sdpa_attention(module, query[:, :, first:], key, value,
+                                             attention_mask, dropout=dropout, scaling=scaling,
+                                             is_causal=is_causal, **kwargs)
+            outputs.append(rest)
+        return _joined(outputs), None
     groups = getattr(module, "num_key_value_groups", 1)
     if (attention_mask is None or groups == 1 or query.device.type != "cpu"
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
@@ -86,19 +78,43 @@ def grouped_sdpa_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _leading_rows_alone(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                        value: torch.Tensor, attention_mask: torch.Tensor | None, leading: int,
-                        **kwargs: Any) -> torch.Tensor:
-    """The first ``leading`` rows attended exactly as a forward of those rows alone would be
-    (``CAUSAL_ROWS``): against the keys that forward holds, unmasked when nothing was cached
-    before them (the plain forward ran causal, without a mask)."""
-    rows = query.shape[2]
-    seen = key.shape[2] - rows + leading  # the keys a forward of those rows alone holds
-    mask = None if attention_mask is None or seen == leading \
-        else attention_mask[..., :leading, :seen]
-    output, _ = grouped_sdpa_attention(module, query[:, :, :leading], key[:, :, :seen],
-                                       value[:, :, :seen], mask, **kwargs)
-    return output
+def _attend_prompt_blocks(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, blocks: tuple[PromptBlock, ...], **kwargs: Any
+                          ) -> list[torch.Tensor]:
+    """Each prompt block attended in a call of its own (``grouped_sdpa_attention`` without a
+    batch): its rows against the keys up to its end, under its own mask."""
+    outputs = []
+    for block in blocks:
+        output, _ = grouped_sdpa_attention(
+            module, query[:, :, block.first: block.first + block.rows],
+            key[:, :, : key.shape[2] - query.shape[2] + block.seen],
+            value[:, :, : value.shape[2] - query.shape[2] + block.seen], block.mask, **kwargs)
+        outputs.append(output)
+    return outputs
+
+
+def _rows_after(blocks: tuple[PromptBlock, ...]) -> int:
+    return blocks[-1].first + blocks[-1].rows
+
+
+def _joined(outputs: list[torch.Tensor]) -> torch.Tensor:
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+
+@dataclass(frozen=True)
+class PromptBlock:
+    """Prompt rows ``first .. first + rows`` of a sequence's rows in a forward, lying inside
+    one fixed block of positions: attended in a call of their own against the keys a forward
+    ending at the block's last row holds — ``seen`` of the sequence's rows (the cache's rows
+    before the forward come on top) — under ``mask`` (None: causal from position 0). Why:
+    SDPA rounds a row by the shape of its call, so a prompt attended block by block gets the
+    same keys and values however it is chunked across forwards and however many of its blocks
+    a prefix cache supplied (``toolspec.target_model``)."""
+
+    first: int
+    rows: int
+    seen: int
+    mask: torch.Tensor | None
 
 
 # Model keyword argument carrying a ``RaggedBatch``: the forward's rows belong to several
@@ -109,17 +125,15 @@ RAGGED_BATCH = "toolspec_batch"
 @dataclass(frozen=True)
 class SequenceSpan:
     """One sequence's rows in a ragged forward: ``rows`` rows from ``start``, attended against
-    ``cache`` (which takes their keys and values) under ``mask`` (None: causal, as a plain
-    forward of those rows alone); ``causal_rows`` as ``CAUSAL_ROWS``; ``prompt_rows``: the
-    leading rows that are prompt tokens (a prompt or a chunk of one, its last token included),
-    which plain decoding attends as one block too."""
+    ``cache`` (which takes their keys and values). ``prompt_blocks``: its leading prompt rows,
+    block by block; ``mask``: the rows after them (None: causal, as a plain forward of those
+    rows alone)."""
 
     start: int
     rows: int
     cache: Cache
     mask: torch.Tensor | None
-    causal_rows: int | None = None
-    prompt_rows: int = 0
+    prompt_blocks: tuple[PromptBlock, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,8 +159,7 @@ def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         rows = slice(span.start, span.start + span.rows)
         keys, values = span.cache.update(key[:, :, rows], value[:, :, rows], module.layer_idx)
         output, _ = attend(module, query[:, :, rows], keys, values, span.mask,
-                           toolspec_causal_rows=span.causal_rows,
-                           toolspec_prompt_rows=span.prompt_rows, **kwargs)
+                           toolspec_prompt_blocks=span.prompt_blocks, **kwargs)
         outputs.append(output)
     return torch.cat(outputs, dim=1), None
 
@@ -179,13 +192,12 @@ def exact_rows_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    toolspec_causal_rows: int | None = None,
     toolspec_batch: RaggedBatch | None = None,
-    toolspec_prompt_rows: int = 0,
+    toolspec_prompt_blocks: tuple[PromptBlock, ...] = (),
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention whose result for a generated token's row does not depend on the forward it
-    is in (exact bf16, issue 37). Prompt rows are attended as one block, exactly as
+    is in (exact bf16, issue 37). Prompt rows are attended block by block, exactly as
     ``grouped_sdpa_attention`` (and so plain decoding's prefill) does. Every other row — a
     decoding step's token, a draft tree's root and nodes — is attended on its own: the keys it
     sees gathered in position order (for a tree node: the prefix, then its ancestors — the
@@ -197,29 +209,28 @@ def exact_rows_attention(
         return ragged_attention(module, query, key, value, toolspec_batch,
                                 attend=exact_rows_attention, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)
-    rows = query.shape[2]
-    block = toolspec_prompt_rows if toolspec_prompt_rows > 1 else 0
     outputs = []
-    if block:
-        outputs.append(_leading_rows_alone(module, query, key, value, attention_mask, block,
-                                           dropout=dropout, scaling=scaling,
-                                           is_causal=is_causal, **kwargs))
-    if block < rows:
-        outputs.append(_row_by_row(query, key, value, attention_mask, block,
+    first = 0
+    if toolspec_prompt_blocks:
+        outputs = _attend_prompt_blocks(module, query, key, value, toolspec_prompt_blocks,
+                                        dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                        **kwargs)
+        first = _rows_after(toolspec_prompt_blocks)
+    if first < query.shape[2]:
+        outputs.append(_row_by_row(query[:, :, first:], key, value, attention_mask,
                                    scaling if scaling is not None else query.shape[-1] ** -0.5))
-    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), None
+    return _joined(outputs), None
 
 
 def _row_by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                mask: torch.Tensor | None, first: int, scale: float) -> torch.Tensor:
-    """Rows ``first..`` of ``query`` ``[1, heads, rows, dim]`` attended one at a time against
-    the keys their ``mask`` row shows (None: all); returns ``[1, rows - first, heads, dim]``."""
+                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The rows of ``query`` ``[1, heads, rows, dim]`` attended one at a time against the keys
+    their ``mask`` row shows (None: all); returns ``[1, rows, heads, dim]``."""
     heads, dim = query.shape[1], query.shape[-1]
     kv_heads = key.shape[1]
     keys, values = key[0].float(), value[0].float()  # [kv_heads, seen, dim], contiguous
-    grouped = query[0, :, first:].float().transpose(0, 1).reshape(-1, kv_heads,
-                                                                  heads // kv_heads, dim)
-    visible = None if mask is None else (mask[0, 0, first:] == 0)
+    grouped = query[0].float().transpose(0, 1).reshape(-1, kv_heads, heads // kv_heads, dim)
+    visible = None if mask is None else (mask[0, 0] == 0)
     outputs = []
     for row in range(len(grouped)):
         if visible is None:

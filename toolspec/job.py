@@ -53,21 +53,28 @@ class DecodeJob:
     """The decoding of one prompt. Each step: ``propose`` (unless it runs a prompt chunk),
     ``rows`` → a forward → ``advance``; ``done`` once the last event is out. ``close`` ends it
     early (the drafter is stopped either way). The output is read once, by ``output`` (the
-    request's ``RequestOutput``, shared with its drafter through ``request.output``)."""
+    request's ``RequestOutput``, shared with its drafter through ``request.output``).
+    ``prefix``: a cache already holding the prompt's first tokens (the simulator's replay);
+    a prefix cache's blocks come in through ``take_cached``."""
 
     def __init__(self, model: TargetModel, tokenizer: PreTrainedTokenizerBase,
                  stop_token_ids: frozenset[int], drafter: Drafter, params: GenerationParams,
                  request: DraftRequest, max_nodes: int, draft_at_prefill: bool = True,
-                 prefix: KVPrefix | None = None, keep_kv: bool = False,
-                 chooser: TokenChooser | None = None) -> None:
+                 prefix: KVPrefix | None = None, chooser: TokenChooser | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.params = params
         self.max_nodes = max_nodes
         self.draft_at_prefill = draft_at_prefill
-        self.keep_kv = keep_kv
+        self.prompt_ids = tuple(request.prompt_ids)
         self.prompt_tokens = len(request.prompt_ids)
+        self.tenant = request.tenant
+        self.cached_tokens = 0  # prompt tokens whose keys and values came from a prefix cache
+        # The engine's bookkeeping for its prefix cache: the prompt's block keys (computed
+        # once), and how many leading blocks it has already offered the cache.
+        self.block_keys: list[bytes] | None = None
+        self.blocks_offered = 0
         # ``chooser``: choices given from elsewhere (the simulator replays a recorded output);
         # there are no logits then to feed back to the drafter.
         self.chooser = chooser or params.chooser()
@@ -109,6 +116,21 @@ class DecodeJob:
         """Rows of the prompt still to run (0 once it is in the cache)."""
         return len(self.pending) if self.prefilling else 0
 
+    @property
+    def prompt_position(self) -> int:
+        """How many of the prompt's tokens the cache holds."""
+        return self.prompt_tokens - self.prompt_rows
+
+    def take_cached(self, tokens: int) -> None:
+        """The cache was given the keys and values of the next ``tokens`` prompt tokens (from
+        a prefix cache); at least one prompt token must be left to run. Mutates: the pending
+        tokens."""
+        if not 0 < tokens < self.prompt_rows:
+            raise ValueError(f"{tokens} cached prompt tokens must leave some of the "
+                             f"{self.prompt_rows} pending prompt rows to run")
+        self.pending = self.pending[tokens:]
+        self.cached_tokens += tokens
+
     def propose(self) -> DraftTree:
         """The drafter's tree for the next step (before any budget; empty where it does not
         draft: no room left, or a prompt's forward with ``draft_at_prefill`` off)."""
@@ -128,9 +150,11 @@ class DecodeJob:
                 raise ValueError(f"a prompt chunk of {chunk} rows must leave the root of "
                                  f"{len(self.pending)} pending rows for a later step")
             self._tree, self._chunk, self._drafting = None, chunk, False
-            return SequenceRows(self.cache, tuple(self.pending[:chunk]), logits=False)
+            return SequenceRows(self.cache, tuple(self.pending[:chunk]), logits=False,
+                                prompt=True)
         self._tree, self._chunk = tree if tree is not None else DraftTree(), 0
-        return SequenceRows(self.cache, tuple(self.pending), self._tree)
+        return SequenceRows(self.cache, tuple(self.pending), self._tree,
+                            prompt=self.prefilling)
 
     def _room(self) -> int:
         return min(self.max_nodes, self.params.max_new_tokens - len(self.generated) - 1)
@@ -197,11 +221,11 @@ class DecodeJob:
             margins=tuple(self.margins) if self.margins is not None else None,
             prefill_step=self.prefill_step,
             calls=self.output.parse.calls(len(text)),
+            cached_tokens=self.cached_tokens,
         )
-        kv = _kv_of(self.model, self.cache, self.context) if self.keep_kv else None
         self.close()
         return StepEvent(tuple(emitted), self.deltas.finish(generation.text), stats, generation,
-                         kv, self.output.parse.spans)
+                         self.output.parse.spans)
 
     def close(self) -> None:
         """End the job (finished, failed or abandoned): the drafter is stopped, once. A drafter
@@ -227,14 +251,6 @@ def _start_cache(model: TargetModel, prompt_ids: Sequence[int], prefix: KVPrefix
             f"a KV prefix of {reused} tokens ({prefix.cache.get_seq_length()} cached) must "
             f"be a proper prefix of the {len(prompt_ids)}-token prompt")
     return prefix.cache, reused
-
-
-def _kv_of(model: TargetModel, cache: DynamicCache, context: Sequence[int]) -> KVPrefix:
-    """``cache`` cut to the context tokens it holds (rows of tokens a stop cut are dropped;
-    the last emitted token was never fed)."""
-    held = min(cache.get_seq_length(), len(context))
-    model.truncate(cache, held)
-    return KVPrefix(tuple(context[:held]), cache)
 
 
 def _step_stats(tree: DraftTree, path: AcceptedPath, emitted: int, draft_s: float,

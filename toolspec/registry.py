@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.budget import CostAwareBudget, CostModel, DraftBudget
+from toolspec.budget import CostAwareBudget, CostModel, DraftBudget, rows_per_step
 from toolspec.drafters.base import Drafter, NoDrafter
 from toolspec.drafters.prompt_lookup import PromptLookupDrafter
 from toolspec.drafters.retrieval import RetrievalDrafter, ToolSpecDrafter
@@ -31,6 +32,7 @@ from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutpu
 from toolspec.engine import Engine
 from toolspec.library import CallLibrary
 from toolspec.models import LoadedModel
+from toolspec.prefix_cache import PrefixCache
 from toolspec.target_model import TargetModel
 from toolspec.token_continuation import TokenContinuer
 
@@ -189,14 +191,19 @@ def budget_for(cost: CostModel | None, fixed_nodes: int | None) -> DraftBudget |
 
 def build_engine(loaded: LoadedModel, fixed_nodes: int | None = None,
                  cost: CostModel | None = None, draft_at_prefill: bool = True,
-                 prefill_chunk_tokens: int = 0, target: TargetModel | None = None) -> Engine:
+                 step_rows: int | Literal["auto"] = 0, prefix_cache: PrefixCache | None = None,
+                 target: TargetModel | None = None) -> Engine:
     """An engine whose trees follow ``cost`` (default: this machine's cached cost curve for
-    ``loaded``), or capped at ``fixed_nodes`` nodes (0: plain decoding). ``target``: how the
-    model runs (default: ``TargetModel(loaded.model)``; a split model's ``ShardedTarget``)."""
+    ``loaded``), or capped at ``fixed_nodes`` nodes (0: plain decoding). ``step_rows``: rows
+    per forward at most (0: no limit; ``auto``: from the cost curve, ``rows_per_step``).
+    ``prefix_cache``: prompt blocks kept across requests, on ``target`` (``PrefixCache(target,
+    budget_bytes, target.block_tokens)``; None: none). ``target``: how the model runs (default:
+    ``TargetModel(loaded.model)``; a split model's ``ShardedTarget``)."""
     from toolspec.cost_curve import cached_cost_model  # measures on first use: import late
 
     target = target or TargetModel(loaded.model)
-    if fixed_nodes is None and cost is None:
+    if cost is None and (fixed_nodes is None or step_rows == "auto"):
         cost = cached_cost_model(loaded, target=target)
+    rows = rows_per_step(cost, target.block_tokens) if step_rows == "auto" else step_rows
     return Engine(target, loaded.tokenizer, budget_for(cost, fixed_nodes),
-                  draft_at_prefill=draft_at_prefill, prefill_chunk_tokens=prefill_chunk_tokens)
+                  draft_at_prefill=draft_at_prefill, step_rows=rows, prefix_cache=prefix_cache)

@@ -6,6 +6,12 @@ function (registered with transformers, nothing patched or copied) that attends 
 rows against its own cache under its own 4-D additive mask. Each KV cache is a stock
 ``DynamicCache`` owned by the caller (one per sequence), so plain decoding and speculative
 decoding, alone or batched, run through the same code and the same cache layout.
+
+Prompt rows are attended one block of ``block_tokens`` positions at a time (blocks at fixed
+positions: 0..B, B..2B, ...), each in a call of its own against the keys up to its end. A
+block's keys and values then do not depend on how the prompt was chunked across forwards, or
+on how many of its blocks came from a prefix cache (``toolspec.prefix_cache``, for which this
+class is the ``BlockStore``): SDPA's kernels round a row by the shape of the call it is in.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from toolspec.draft_tree import DraftTree
-from toolspec.grouped_attention import (RAGGED_BATCH, RaggedBatch, SequenceSpan,
+from toolspec.grouped_attention import (RAGGED_BATCH, PromptBlock, RaggedBatch, SequenceSpan,
                                         attention_implementation, use_grouped_tree_attention)
+from toolspec.prefix_cache import DEFAULT_BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -26,12 +33,15 @@ class SequenceRows:
     """One sequence's part of a forward: the tokens ``cache`` does not hold yet (``pending``,
     the last of them the tree's root) and a draft tree below it. ``logits``: whether the
     forward returns this sequence's logits (the root's and every node's); a prompt chunk that
-    is not the prompt's last needs none."""
+    is not the prompt's last needs none. ``prompt``: the pending tokens are prompt tokens
+    (attended block by block, as every prompt is); so are several pending tokens always. One
+    pending token otherwise is the last emitted token of a decoding step."""
 
     cache: DynamicCache
     pending: tuple[int, ...]
     tree: DraftTree = field(default_factory=DraftTree)
     logits: bool = True
+    prompt: bool = False
 
     @property
     def rows(self) -> int:
@@ -43,9 +53,25 @@ class UnsupportedModelError(ValueError):
     sliding-window layers)."""
 
 
+@dataclass(frozen=True)
+class StoredBlock:
+    """Rows of a KV cache kept apart (a prefix cache's block): per layer, keys and values
+    ``[1, kv_heads, rows, dim]``. ``mirror_id``: its copies' name on a split model's other
+    ranks (None on one rank)."""
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    mirror_id: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(keys.numel() * keys.element_size() + values.numel() * values.element_size()
+                   for keys, values in self.layers)
+
+
 class CacheOperations:
-    """How the decode loop changes a model's caches after a forward; a model sharded over
-    several ranks (``tensor_parallel.ShardedTarget``) does it on every rank's copy."""
+    """How the decode loop changes a model's caches after a forward, and keeps and restores
+    prefix blocks (``prefix_cache.BlockStore``); a model sharded over several ranks
+    (``tensor_parallel.ShardedTarget``) does it on every rank's copy."""
 
     def commit_path(self, cache: DynamicCache, base_length: int, kept_rows: Sequence[int]
                     ) -> None:
@@ -56,6 +82,18 @@ class CacheOperations:
         """``truncate_cache`` on one of this model's caches."""
         truncate_cache(cache, length)
 
+    def save_block(self, cache: DynamicCache, start: int, end: int) -> StoredBlock:
+        return copy_rows(cache, start, end)
+
+    def load_blocks(self, cache: DynamicCache, blocks: Sequence[StoredBlock]) -> None:
+        append_rows(cache, blocks)
+
+    def drop_block(self, block: StoredBlock) -> None:
+        """Nothing to do on one rank: the block's tensors go with its last reference."""
+
+    def block_bytes(self, block: StoredBlock) -> int:
+        return block.nbytes
+
 
 class TargetModel(CacheOperations):
     """Stateless wrapper around one HF causal LM; every call names the caches it extends.
@@ -63,10 +101,15 @@ class TargetModel(CacheOperations):
     ``forward`` runs the rows of any number of sequences in one forward pass: the embedding,
     every linear layer and the LM head run once over all rows, attention per sequence against
     its own cache (``grouped_attention.ragged_attention``). One sequence is the batch of one;
-    there is no other path. Raises UnsupportedModelError for a model it cannot run.
+    there is no other path. ``block_tokens``: the size of the fixed blocks prompts are
+    attended in (see the module's docstring). Raises UnsupportedModelError for a model it
+    cannot run.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, block_tokens: int = DEFAULT_BLOCK_TOKENS
+                 ) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         if not use_grouped_tree_attention(model):
             raise UnsupportedModelError(
                 f"{type(model).__name__} runs {attention_implementation(model)!r} attention; "
@@ -75,6 +118,7 @@ class TargetModel(CacheOperations):
             raise UnsupportedModelError("models with sliding-window attention layers are not "
                                         "supported by the ragged forward")
         self.model = model
+        self.block_tokens = block_tokens
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
 
@@ -86,11 +130,12 @@ class TargetModel(CacheOperations):
         return DynamicCache(config=self.model.config)
 
     def prefill(self, cache: DynamicCache, token_ids: Sequence[int]) -> torch.Tensor:
-        """Run ``token_ids`` after what ``cache`` holds; return the last position's logits ``[vocab]``.
+        """Run prompt tokens ``token_ids`` after what ``cache`` holds; return the last
+        position's logits ``[vocab]``.
 
         Mutates: ``cache`` grows by ``len(token_ids)``.
         """
-        return self.forward([SequenceRows(cache, tuple(token_ids))])[0][-1]
+        return self.forward([SequenceRows(cache, tuple(token_ids), prompt=True)])[0][-1]
 
     def forward_tree(self, cache: DynamicCache, pending: Sequence[int], tree: DraftTree
                      ) -> torch.Tensor:
@@ -101,7 +146,8 @@ class TargetModel(CacheOperations):
         prefill. Mutates: ``cache`` grows by ``len(pending) + len(tree)`` rows (pending first,
         then the nodes in tree order); ``commit_path`` must follow to keep only the accepted ones.
         """
-        return self.forward([SequenceRows(cache, tuple(pending), tree)])[0]
+        return self.forward([SequenceRows(cache, tuple(pending), tree,
+                                          prompt=len(pending) > 1)])[0]
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[SequenceRows]) -> list[torch.Tensor | None]:
@@ -117,9 +163,7 @@ class TargetModel(CacheOperations):
             lead = len(rows.pending) - 1
             ids.append(rows.tree.input_ids(rows.pending, self.device))
             positions.append(rows.tree.position_ids(prefix, self.device, lead=lead))
-            spans.append(SequenceSpan(start, rows.rows, rows.cache,
-                                      *self._mask(rows.tree, prefix, lead),
-                                      prompt_rows=lead + 1 if lead else 0))
+            spans.append(self._span(rows, start, prefix))
             if rows.logits:
                 keep.extend(range(start + lead, start + rows.rows))
             start += rows.rows
@@ -142,16 +186,44 @@ class TargetModel(CacheOperations):
                 result.append(None)
         return result
 
-    def _mask(self, tree: DraftTree, prefix: int, lead: int) -> tuple[torch.Tensor | None,
-                                                                      int | None]:
-        """A sequence's attention mask and causal lead rows, as a forward of it alone has
-        them: none for plain rows SDPA can run causally (a fresh prompt, one token); an
-        additive mask for a prompt chunk after cached rows and for a tree."""
-        if not len(tree) and (lead == 0 or prefix == 0):
-            return None, None
-        mask = tree.attention_mask(prefix, self.dtype, self.device, lead=lead)
-        # A prompt with the first tree: its rows bitwise as a plain prefill's.
-        return mask, (lead + 1 if len(tree) and lead else None)
+    def _span(self, rows: SequenceRows, start: int, prefix: int) -> SequenceSpan:
+        """How attention sees one sequence's rows: prompt rows block by block, then the rest
+        (a decoding step's token, a tree's root and nodes) under one mask — none for one plain
+        token, which SDPA runs as it is."""
+        lead = len(rows.pending) - 1
+        if not rows.prompt and not lead:  # a decoding step: its root, and a tree below it
+            mask = rows.tree.attention_mask(prefix, self.dtype, self.device) \
+                if len(rows.tree) else None
+            return SequenceSpan(start, rows.rows, rows.cache, mask)
+        blocks = prompt_blocks(prefix, len(rows.pending), self.block_tokens, self.dtype,
+                               self.device)
+        mask = None
+        if len(rows.tree):  # the nodes below the prompt's last token
+            mask = rows.tree.attention_mask(prefix, self.dtype, self.device,
+                                            lead=lead)[..., lead + 1:, :]
+        return SequenceSpan(start, rows.rows, rows.cache, mask, blocks)
+
+
+def prompt_blocks(prefix: int, rows: int, block_tokens: int, dtype: torch.dtype,
+                  device: torch.device | str) -> tuple[PromptBlock, ...]:
+    """Prompt rows at positions ``prefix .. prefix + rows`` cut at the fixed block boundaries
+    (multiples of ``block_tokens``), each with the additive mask of a block attended alone:
+    every key before it visible, causal inside it (none for a block at position 0, which SDPA
+    runs causally)."""
+    blocks = []
+    position = prefix
+    while position < prefix + rows:
+        end = min(prefix + rows, (position // block_tokens + 1) * block_tokens)
+        size = end - position
+        mask = None
+        if position:
+            mask = torch.zeros(size, end, dtype=dtype)
+            mask[:, position:] = torch.full((size, size), torch.finfo(dtype).min,
+                                            dtype=dtype).triu(1)
+            mask = mask.to(device)[None, None]
+        blocks.append(PromptBlock(position - prefix, size, end - prefix, mask))
+        position = end
+    return tuple(blocks)
 
 
 def check_batch(batch: Sequence[SequenceRows]) -> None:
@@ -190,3 +262,26 @@ def truncate_cache(cache: DynamicCache, length: int) -> None:
     surplus = cache.get_seq_length() - length
     if surplus > 0:
         cache.crop(-surplus)
+
+
+@torch.inference_mode()
+def copy_rows(cache: DynamicCache, start: int, end: int) -> StoredBlock:
+    """A copy of rows ``start..end`` of every layer of ``cache``."""
+    if not 0 <= start < end <= cache.get_seq_length():
+        raise ValueError(f"rows {start}..{end} are not in a cache of "
+                         f"{cache.get_seq_length()} rows")
+    return StoredBlock(tuple((layer.keys[..., start:end, :].clone(),
+                              layer.values[..., start:end, :].clone())
+                             for layer in cache.layers))
+
+
+@torch.inference_mode()
+def append_rows(cache: DynamicCache, blocks: Sequence[StoredBlock]) -> None:
+    """Append the rows of ``blocks``, in order, to every layer of ``cache``. Mutates:
+    ``cache``."""
+    if not blocks:
+        return
+    for index in range(len(blocks[0].layers)):
+        keys = torch.cat([block.layers[index][0] for block in blocks], dim=-2)
+        values = torch.cat([block.layers[index][1] for block in blocks], dim=-2)
+        cache.update(keys, values, index)

@@ -7,8 +7,10 @@ heads and ends with the same logits. Rank 0 runs the engine — drafting, the bu
 stop rules — on a ``ShardedTarget``; ranks 1..N-1 run ``follow``. Each rank holds its heads'
 part of every KV cache, so the caches are mirrored: rank 0 names each cache it creates, and
 before every forward broadcasts a ``Plan`` — the cache operations since the last forward
-(created, committed, truncated, freed), then the forward's rows — which every other rank
-replays on its own caches. One broadcast per forward; nothing comes back.
+(created, committed, truncated, freed; prefix-cache blocks saved, loaded, dropped), then the
+forward's rows — which every other rank replays on its own caches. One broadcast per forward;
+nothing comes back. The prefix cache's index lives on rank 0 only; each rank keeps its own
+heads' part of every cached block.
 
 Two process groups: the plan group waits as long as rank 0 idles between requests (a long
 timeout), the model's collectives inside a forward fail after ``collective_timeout_s``, so a
@@ -33,8 +35,9 @@ import torch.distributed as dist
 from transformers import DynamicCache, PreTrainedModel
 
 from toolspec.draft_tree import DraftTree
-from toolspec.target_model import (SequenceRows, TargetModel, check_batch, commit_path,
-                                   truncate_cache)
+from toolspec.prefix_cache import DEFAULT_BLOCK_TOKENS
+from toolspec.target_model import (SequenceRows, StoredBlock, TargetModel, append_rows,
+                                   check_batch, commit_path, copy_rows, truncate_cache)
 
 IDLE_TIMEOUT = datetime.timedelta(days=7)  # the plan group: rank 0 may wait this long for work
 
@@ -110,6 +113,7 @@ class RowsPlan:
     pending: tuple[int, ...]
     tree: DraftTree
     logits: bool
+    prompt: bool
 
 
 @dataclass
@@ -119,6 +123,7 @@ class Plan:
     operations: list[tuple[Any, ...]] = field(default_factory=list)  # ("new"|"commit"|...)
     rows: tuple[RowsPlan, ...] = ()
     stop: bool = False
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # rank 0's prompt blocks (``TargetModel``)
 
 
 class MirroredCache(DynamicCache):
@@ -166,14 +171,29 @@ class ShardedTarget(TargetModel):
         self._queued.append(("truncate", _mirror_id(cache), length))
         truncate_cache(cache, length)
 
+    def save_block(self, cache: DynamicCache, start: int, end: int) -> StoredBlock:
+        block = StoredBlock(copy_rows(cache, start, end).layers, next(self._ids))
+        self._queued.append(("save", _mirror_id(cache), block.mirror_id, start, end))
+        return block
+
+    def load_blocks(self, cache: DynamicCache, blocks: Sequence[StoredBlock]) -> None:
+        self._queued.append(("load", _mirror_id(cache),
+                             tuple(_block_id(block) for block in blocks)))
+        append_rows(cache, blocks)
+
+    def drop_block(self, block: StoredBlock) -> None:
+        self._queued.append(("drop", _block_id(block)))
+
     def forward(self, batch: Sequence[SequenceRows]) -> list[torch.Tensor | None]:
         # Checked before the broadcast: once the others have the plan, rank 0 must run it too.
         check_batch(batch)
-        rows = tuple(RowsPlan(_mirror_id(r.cache), r.pending, r.tree, r.logits) for r in batch)
+        rows = tuple(RowsPlan(_mirror_id(r.cache), r.pending, r.tree, r.logits, r.prompt)
+                     for r in batch)
         with self._group_lock:
             if self._closed:
                 raise TensorParallelError("the tensor-parallel group was closed")
-            _broadcast(Plan(self._take_queue(), rows), self.group)
+            _broadcast(Plan(self._take_queue(), rows, block_tokens=self.block_tokens),
+                       self.group)
             return super().forward(batch)
 
     def close(self) -> None:
@@ -196,29 +216,46 @@ def follow(model: PreTrainedModel, group: ParallelGroup) -> None:
     Mutates: this rank's mirrored caches. Raises TensorParallelError if rank 0 is lost."""
     target = TargetModel(model)
     caches: dict[int, DynamicCache] = {}
+    blocks: dict[int, StoredBlock] = {}
     while True:
         plan = _receive(group)
         for operation in plan.operations:
-            _replay(operation, caches, target)
+            _replay(operation, caches, blocks, target)
         if plan.stop:
             return
-        target.forward([SequenceRows(caches[rows.cache], rows.pending, rows.tree, rows.logits)
+        target.block_tokens = plan.block_tokens
+        target.forward([SequenceRows(caches[rows.cache], rows.pending, rows.tree, rows.logits,
+                                     rows.prompt)
                         for rows in plan.rows])
 
 
 def _replay(operation: tuple[Any, ...], caches: dict[int, DynamicCache],
-            target: TargetModel) -> None:
-    kind, cache_id, *arguments = operation
+            blocks: dict[int, StoredBlock], target: TargetModel) -> None:
+    kind, name, *arguments = operation
     if kind == "new":
-        caches[cache_id] = target.new_cache()
+        caches[name] = target.new_cache()
     elif kind == "commit":
-        commit_path(caches[cache_id], *arguments)
+        commit_path(caches[name], *arguments)
     elif kind == "truncate":
-        truncate_cache(caches[cache_id], *arguments)
+        truncate_cache(caches[name], *arguments)
     elif kind == "free":
-        caches.pop(cache_id, None)
+        caches.pop(name, None)
+    elif kind == "save":
+        block_id, start, end = arguments
+        blocks[block_id] = copy_rows(caches[name], start, end)
+    elif kind == "load":
+        append_rows(caches[name], [blocks[block_id] for block_id in arguments[0]])
+    elif kind == "drop":
+        blocks.pop(name, None)
     else:
         raise TensorParallelError(f"unknown cache operation {kind!r} in a plan")
+
+
+def _block_id(block: StoredBlock) -> int:
+    if block.mirror_id is None:
+        raise TensorParallelError("a block not saved by this ShardedTarget has no copies on "
+                                  "the other ranks")
+    return block.mirror_id
 
 
 def _mirror_id(cache: DynamicCache) -> int:

@@ -133,7 +133,7 @@ def tool_call_grammar(tools: Sequence[Tool], call_format: CallFormat, shape: Gra
         replies = [answer_schema(answer)]
         if wraps:
             replies += [call_schema(tool, fmt.arguments_key) for tool in tools]
-        start = f"start: reply trail?" + (" | wrapped trail?" if wraps else "")
+        start = "start: reply trail?" + (" | wrapped trail?" if wraps else "")
         rules.append(f"reply: %json {json.dumps(_flexible({'anyOf': replies}))}")
     else:
         start = f"start: TEXT | {_text_then_calls(fmt, literal, more, wraps, rules)}"

@@ -49,7 +49,7 @@ class Timed:
 def closed_loop(engine: Engine, count: int, concurrency: int,
                 start_job: Callable[[int], DecodeJob],
                 finished: Callable[[int, Generation], None] = lambda index, generation: None,
-                prefill_rows: int | None = None) -> tuple[list[Timed], float]:
+                step_rows: int | None = None) -> tuple[list[Timed], float]:
     """Run jobs ``0..count-1`` with at most ``concurrency`` active, each step one forward for
     all of them; ``finished`` is told each generation as it ends. Returns the timings in job
     order and the wall time of the whole run. Raises a job's failure."""
@@ -69,7 +69,7 @@ def closed_loop(engine: Engine, count: int, concurrency: int,
     fill()
     while active:
         jobs = list(active)
-        for job, outcome in zip(jobs, engine.step(jobs, prefill_rows)):
+        for job, outcome in zip(jobs, engine.step(jobs, step_rows)):
             if outcome is None:
                 continue
             if outcome.error is not None:
@@ -92,7 +92,7 @@ def closed_loop(engine: Engine, count: int, concurrency: int,
 
 def run_levels(engines: Mapping[str, Engine], tokenizer: PreTrainedTokenizerBase,
                items: Sequence[BenchItem], methods: Sequence[str], levels: Sequence[int],
-               params: GenerationParams, prefill_rows: int = 512, tenant: str = "default",
+               params: GenerationParams, step_rows: int = 512, tenant: str = "default",
                progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Every method at every level (``ar`` at 1 first: the reference outputs). Returns the
     ``concurrency.json`` document's ``levels`` and ``identical`` parts."""
@@ -127,7 +127,7 @@ def run_levels(engines: Mapping[str, Engine], tokenizer: PreTrainedTokenizerBase
                                        prompts[index][1].parse(generation.text), tenant)
 
                 timings, wall = closed_loop(engines[method], len(items), level, start, learn,
-                                            prefill_rows)
+                                            step_rows)
                 if reference is None and method == BASELINE:
                     reference = timings
                 if library is not None:
