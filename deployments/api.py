@@ -134,7 +134,12 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             "dtype": described.get("dtype"),
             # How the replicas run it: ranks per replica, and bitwise plain decoding in bf16.
             "tensor_parallel_size": described.get("tensor_parallel_size", 1),
-            "exact_bf16": described.get("exact_bf16", False)}
+            "exact_bf16": described.get("exact_bf16", False),
+            # Rows a forward runs at most, and the prefix cache's block size and memory.
+            "step_rows": described.get("step_rows"),
+            "prefix_cache": {key: value for key, value in
+                             (described.get("prefix_cache") or {}).items()
+                             if key in ("block_tokens", "budget_bytes")} or None}
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "toolspec", **extra}
             for name in policy.models]}

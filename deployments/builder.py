@@ -55,9 +55,10 @@ class ModelConfig(_Strict):
         True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
                           "cheap verification; false for PyTorch's stock kernels)")
     step_rows: int | Literal["auto"] = Field(
-        "auto", description="rows a forward runs at most: decoding first, prompt chunks (whole "
-                            "blocks) fill the rest; auto: the most rows costing at most 3 "
-                            "one-row steps on this machine's cost curve; 0: no limit")
+        "auto", description="rows a forward runs at most while requests decode: decoding "
+                            "first, prompt chunks (whole blocks) fill the rest; auto: the "
+                            "fewest rows at which a row costs within 10% of the cheapest on "
+                            "this machine's cost curve; 0: no limit")
     prefix_cache_bytes: int = Field(
         1 << 30, ge=0, description="the replica's prefix cache: keys and values of prompt "
                                    "blocks shared by a tenant's requests, least recently used "

@@ -64,9 +64,9 @@ class EngineSettings:
     # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
     # packed copy costs the weights' memory again). False: PyTorch's stock kernels.
     prepack_linear: bool = True
-    # Rows a forward runs at most: decoding first, prompt chunks (whole blocks) fill the rest,
-    # so a long prompt slows the others' steps by a bounded factor. auto: from the cost curve
-    # (toolspec.budget.rows_per_step); 0: no limit.
+    # Rows a forward runs at most while requests decode: decoding first, prompt chunks (whole
+    # blocks) fill the rest, so a long prompt slows the others' steps by a bounded factor.
+    # auto: from the cost curve (toolspec.budget.rows_per_step); 0: no limit.
     step_rows: int | Literal["auto"] = "auto"
     # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
     # group (deployments.tensor_parallel_group). 1: the whole model in the replica.

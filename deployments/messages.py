@@ -111,6 +111,7 @@ class StreamEnd:
     decode_s: float = 0.0
     mat: float = 0.0  # mean tokens per verification forward (``Generation.mat``)
     cached_tokens: int = 0  # prompt tokens taken from the replica's prefix cache
+    decode_rows: int = 0  # forward rows its decoding ran (``Generation.decode_rows``)
 
 
 ErrorKind = Literal["context_length_exceeded", "deadline_exceeded", "internal_error"]

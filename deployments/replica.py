@@ -146,6 +146,7 @@ def _end(generation: Generation) -> StreamEnd:
         decode_s=generation.decode_s,
         mat=generation.mat,
         cached_tokens=generation.cached_tokens,
+        decode_rows=generation.decode_rows,
     )
 
 

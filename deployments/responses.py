@@ -37,7 +37,10 @@ def extension(start: StreamStart, end: StreamEnd, expose_replica: bool = False
             "accepted_by_source": dict(end.accepted_by_source),
             "prefill_s": round(end.prefill_s, 4), "decode_s": round(end.decode_s, 4),
             "call_format": start.call_format,
-            "cached_tokens": end.cached_tokens, "constrained": start.constrained}
+            "cached_tokens": end.cached_tokens, "constrained": start.constrained,
+            # Forward rows the request cost: prompt rows computed (not cached), decoding rows.
+            "rows": {"prompt": start.prompt_tokens - end.cached_tokens,
+                     "decode": end.decode_rows}}
     if expose_replica:
         body["replica"] = start.replica
     return body

@@ -4,10 +4,11 @@ A request is a job (``toolspec.job.DecodeJob``, or a test's scripted one); the
 ``BatchScheduler`` runs a loop on one worker thread (the model is not thread-safe, and the event
 loop must stay free for HTTP and Ray traffic): each turn it hands every active job to the
 engine's ``step`` — one ragged forward over all their rows: draft trees, decoding steps, and
-chunks of new prompts (a bounded number of prompt rows per step, shortest prompt first) — and delivers
-each job's event to its consumer. A request that arrives joins the next step; one that ends
-leaves; one that fails (its drafter or grammar raised) fails alone; one whose consumer left (a client disconnect, a deadline) is closed at the next turn,
-which frees its slot within one step.
+chunks of new prompts (whole blocks filling the step's row budget, first come first served) —
+and delivers each job's event to its consumer. A request that arrives joins the next step; one
+that ends leaves; one that fails (its drafter or grammar raised) fails alone; one whose
+consumer left (a client disconnect, a deadline) is closed at the next turn, which frees its
+slot within one step.
 """
 
 from __future__ import annotations

@@ -113,6 +113,7 @@ def test_prompt_chunks_share_the_step_budget_and_decoding_goes_on_beside_them() 
     params = GenerationParams(max_new_tokens=6)
     long_job = engine.start(list(range(4, 70)), None, params)  # 66 rows: 8 blocks of 8, then 2
     short_job = engine.start([5, 6, 7], None, params)
+    engine.step([short_job])  # it decodes: prompts beside it now come in chunks
     shorts_before_long_starts = 0
     while not long_job.done or not short_job.done:
         live = [job for job in (long_job, short_job) if not job.done]

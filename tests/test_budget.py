@@ -209,3 +209,13 @@ def test_processes_sharing_a_machine_measure_its_cost_curve_once(tmp_path, monke
     assert not [p for p in written if p.name.endswith(".partial")]
     cost_curve.cached_cost_model(loaded, refresh=True)  # refresh measures again, in place
     assert len(measured) == 2
+
+
+def test_the_row_budget_is_where_a_rows_cost_stops_falling() -> None:
+    from toolspec.budget import rows_per_step
+
+    # A row costs 0.094, 0.078, 0.047, 0.044 of a one-row step at 32, 64, 128, 256 rows.
+    curve = CostModel.from_timings({1: 1.0, 32: 3.0, 64: 5.0, 128: 6.0, 256: 11.2})
+    assert rows_per_step(curve, 32) == 128
+    assert rows_per_step(curve, 64) == 128  # whole blocks
+    assert rows_per_step(CostModel.from_timings({1: 1.0, 2: 1.5}), 32) == 32  # at least one

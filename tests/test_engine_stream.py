@@ -83,34 +83,36 @@ def test_without_prefill_drafting_the_prefill_chooses_one_token() -> None:
     assert final.verifications == final.steps and final.decode_tokens == len(plain.tokens) - 1
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_with_an_empty_event_after_each() -> None:
+def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding_with_an_empty_event_after_each(
+        ) -> None:
     engine = _engine()
     prompt = [random.Random(5).randrange(VOCAB) for _ in range(23)]
     params = GenerationParams(max_new_tokens=20)
     whole = engine.generate(prompt, None, params)
     engine.model.block_tokens = engine.block_tokens = 5
-    engine.step_rows = 5
+    engine.step_rows = 6  # a decoding request's row, then one block of the prompt per step
     for drafter in (None, OracleDrafter(whole.tokens)):
-        events = list(engine.stream(prompt, drafter, params))
+        other = engine.start([1, 2, 3], None, GenerationParams(max_new_tokens=40))
+        engine.step([other])  # decoding from now on
+        job = engine.start(prompt, drafter, params)
+        events = []
+        while not job.done:
+            outcome = engine.step([other, job])[1]
+            events.append(outcome.event)
         chunks = [e for e in events if not e.tokens and e.generation is None]
         assert len(chunks) == 4 and events[:4] == chunks  # 5+5+5+5 tokens, then 3 with the tree
         assert events[-1].generation.tokens == whole.tokens
-        assert events[-1].generation.prefill_s > 0
+        other.close()
 
 
-def test_chunked_prefill_lets_a_scheduler_interleave_other_requests() -> None:
-    """Two requests in turn: the short one's steps run between the long prompt's chunks."""
+def test_with_nobody_decoding_the_first_prompt_runs_whole_and_the_others_wait() -> None:
     engine = _engine()
     engine.model.block_tokens = engine.block_tokens = 4
     engine.step_rows = 4
+    events = list(engine.stream(list(range(1, 41)), None, GenerationParams(max_new_tokens=3)))
+    assert events[0].tokens and engine.last_step is not None
+    assert len(events) == 3  # the prefill's token, then two steps: no empty chunk events
     params = GenerationParams(max_new_tokens=3)
-    long = engine.stream(list(range(1, 41)), None, params)
-    short = engine.stream([7, 8, 9], None, params)
-    order = []
-    for turn in range(16):
-        for name, stream in (("long", long), ("short", short)):
-            event = next(stream, None)
-            if event is not None:
-                order.append((name, bool(event.tokens)))
-    first_long_token = order.index(("long", True))
-    assert ("short", True) in order[:first_long_token]  # served while the long one prefilled
+    first, second = (engine.start(list(range(n, n + 40)), None, params) for n in (1, 50))
+    outcomes = engine.step([first, second])
+    assert outcomes[0].event.tokens and outcomes[1] is None  # one prompt's forward, not two

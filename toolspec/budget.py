@@ -288,17 +288,20 @@ def _size_bucket(sequences: int) -> int:
     return 1 << max(0, sequences - 1).bit_length()
 
 
-# How much dearer than a one-row decoding step a forward may become when prompt chunks share it
-# (``rows_per_step``): the inter-token latency a request sees while others' prompts are read.
-STEP_COST_FACTOR = 3.0
+# A forward's rows: the fewest whose cost per row is within this much of the cheapest per-row
+# cost the curve shows (``rows_per_step``).
+ROW_COST_SLACK = 1.1
 
 
-def rows_per_step(cost: CostModel, block_tokens: int, factor: float = STEP_COST_FACTOR,
-                  most: int = 8192) -> int:
-    """The most rows a forward may run (whole prompt blocks, at least one) so that it costs at
-    most ``factor`` one-row steps on ``cost`` — vLLM's ``max_num_batched_tokens``, chosen from
-    this machine's curve: decoding goes on beside long prompts at a bounded slowdown."""
-    rows = block_tokens
-    while rows + block_tokens <= most and cost.cost(rows + block_tokens) <= factor:
-        rows += block_tokens
-    return rows
+def rows_per_step(cost: CostModel, block_tokens: int, slack: float = ROW_COST_SLACK) -> int:
+    """How many rows a forward runs at most (whole prompt blocks, at least one): the fewest at
+    which a row costs within ``slack`` of the cheapest per-row cost on the measured curve — vLLM's
+    ``max_num_batched_tokens``, chosen from this machine's curve. More rows would barely make
+    prompts cheaper to compute, and every decoding request beside them waits for the whole
+    forward; fewer would make prompts dearer and queue them (prompts are most of the work)."""
+    measured = [k for k in cost.sizes if k >= block_tokens] or [block_tokens]
+    cheapest = min(cost.cost(k) / k for k in measured)
+    for rows in range(block_tokens, measured[-1] + block_tokens, block_tokens):
+        if cost.cost(rows) / rows <= slack * cheapest:
+            return rows
+    return measured[-1] // block_tokens * block_tokens or block_tokens

@@ -18,7 +18,7 @@ import torch
 from toolspec.machine import describe_machine
 from toolspec.budget import CostModel
 from toolspec.draft_tree import DraftTree
-from toolspec.grouped_attention import attention_implementation
+from toolspec.grouped_attention import ATTENTION_REVISION, attention_implementation
 from toolspec.models import LoadedModel, dtype_name, exclusive_lock, toolspec_home
 from toolspec.target_model import TargetModel
 
@@ -64,8 +64,9 @@ def format_cost_curve(timings: dict[int, float]) -> str:
     return "\n".join(lines)
 
 
-# Enough sizes to place the regime changes, up to the largest tree the budget verifies.
-STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Enough sizes to place the regime changes, up to the largest tree the budget verifies, and on
+# to where a row's cost stops falling (the row budget per step: ``budget.rows_per_step``).
+STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def cached_cost_model(loaded: LoadedModel, refresh: bool = False,
@@ -82,7 +83,7 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False,
     # Weight packing, the attention function and the split change the curve.
     kernels = "|packed=onednn" if loaded.prepacked_linear else ""
     kernels += "|exact_bf16" if loaded.exact_bf16 else ""
-    kernels += f"|attention={attention_implementation(loaded.model)}"
+    kernels += f"|attention={attention_implementation(loaded.model)}.{ATTENTION_REVISION}"
     if loaded.tensor_parallel_size > 1:
         kernels += f"|tensor_parallel={loaded.tensor_parallel_size}"
     key = hashlib.sha256(
@@ -92,7 +93,9 @@ def cached_cost_model(loaded: LoadedModel, refresh: bool = False,
     # each other's load) while the others wait, then read what it wrote.
     with exclusive_lock(path.with_name(f".{path.name}.lock")):
         if path.is_file() and not refresh:
-            return CostModel.load(path)
+            cached = CostModel.load(path)
+            if cached.sizes[-1] >= STARTUP_SIZES[-1]:  # else measured before the row budget
+                return cached
         timings = measure_cost_curve(target, sizes=STARTUP_SIZES, repeats=5)
         partial = path.with_name(f".{path.name}.partial")
         partial.write_text(json.dumps(cost_curve_document(loaded, 300, timings), indent=2))

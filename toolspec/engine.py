@@ -18,8 +18,10 @@ Prompts: with a ``PrefixCache`` a job first takes the cached blocks its prompt s
 (at its first step, and again at each step while it prefills: blocks another job computed
 meanwhile), and every prompt block a forward computes is inserted at once. Two jobs about to
 compute the same block do not both do it: one runs, the other sits the step out and takes the
-block next step. A step runs at most ``step_rows`` rows: decoding goes first, prompt chunks
-(whole blocks, shortest prompt first) fill what it leaves, at least one block a step.
+block next step. A step runs at most ``step_rows`` rows while any job decodes: decoding goes
+first, prompt chunks (whole blocks, first come first served) fill what it leaves, at least
+one block a step; with nobody decoding, the first prompt runs whole (there is no step to keep
+short) and the others wait for it rather than share one long forward.
 """
 
 from __future__ import annotations
@@ -181,9 +183,10 @@ class Engine:
              ) -> list[StepOutcome | None]:
         """One step of every job in one forward: propose → verify → commit → observe.
 
-        At most ``step_rows`` rows (default: the engine's ``step_rows``; 0: no limit):
-        decoding jobs' trees first, then prompt chunks of whole blocks, shortest prompt first,
-        at least one block a step; a job whose prompt gets no rows — or whose next block
+        At most ``step_rows`` rows (default: the engine's ``step_rows``; 0: no limit) while
+        any job decodes: decoding jobs' trees first, then prompt chunks of whole blocks, in the
+        order of ``jobs``, at least one block a step (with no job decoding, the first prompt
+        runs whole); a job whose prompt gets no rows — or whose next block
         another job computes this step — sits it out (its outcome is None). A job that fails
         (its drafter or its grammar raises) is closed and its outcome holds the error; the
         others go on. Mutates: the jobs, their caches, the budget's statistics, the prefix
@@ -197,9 +200,13 @@ class Engine:
         trees = self._select_trees(jobs, decoding, outcomes)
         limit = self.step_rows if step_rows is None else step_rows
         left = None
-        if limit:
+        if limit and trees:
             used = sum(1 + len(tree) for tree in trees.values())
             left = max(self.block_tokens, limit - used)
+        elif limit:  # nobody decodes: the first prompt runs whole (there is no step to keep
+            # short), the others wait for it rather than share one long forward
+            first = next((job for job in jobs if job.prefilling), None)
+            left = max(limit, first.prompt_rows if first is not None else 0)
         chunks = self._prompt_chunks(jobs, left)
         trees.update(self._select_trees(
             jobs, [i for i, job in enumerate(jobs) if job.prefilling and chunks[i] is None],
@@ -263,10 +270,9 @@ class Engine:
         in ``left`` rows (None: any), so the tree rides on the prompt's last forward."""
         chunks: list[int | None] = [None] * len(jobs)
         claimed: set[bytes] = set()  # blocks a job computes this step
-        # Shortest prompt first: a short request's first token is never queued behind a long
-        # prompt's chunks (the long one takes what is left, every step).
-        waiting = sorted((i for i, job in enumerate(jobs) if job.prefilling),
-                         key=lambda i: jobs[i].prompt_rows)
+        # In the order of ``jobs`` (arrival: first come, first served): shortest-first would
+        # starve a long prompt for as long as shorter ones keep arriving.
+        waiting = [i for i, job in enumerate(jobs) if job.prefilling]
         for i in waiting:
             job = jobs[i]
             block = self._next_block(job)

@@ -81,6 +81,13 @@ class Generation:
         return (self.prefill_step, *self.steps) if self.prefill_step is not None else self.steps
 
     @property
+    def decode_rows(self) -> int:
+        """Forward rows this request's decoding ran: each step's root and draft nodes, and the
+        nodes of the tree that rode on the prefill (its prompt rows are the prompt's)."""
+        riding = self.prefill_step.nodes if self.prefill_step is not None else 0
+        return riding + sum(step.nodes + 1 for step in self.steps)
+
+    @property
     def mat(self) -> float:
         """Mean tokens committed per verification, bonus included (1.0 for plain decoding)."""
         verifications = self.verifications
