@@ -80,8 +80,11 @@ class RequestRecord:
         return (self.latency_s - self.ttft_s) / (self.completion_tokens - 1)
 
 
-def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0) -> list[dict[str, Any]]:
-    sessions = dialogue_sessions(json.loads(apibank.read_text()))
+def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0, skip: int = 0
+                  ) -> list[dict[str, Any]]:
+    """API-Bank dialogues (from item ``skip`` on) and BFCL items (``CATEGORY:N`` each), as
+    sessions in a shuffled order."""
+    sessions = dialogue_sessions(json.loads(apibank.read_text())[skip:])
     for spec in bfcl:
         category, _, count = spec.partition(":")
         sessions += bfcl_sessions(category, int(count or 20))
@@ -166,6 +169,19 @@ def run_level(url: str, model: str, sessions: list[dict[str, Any]], mode: str,
     for thread in threads:
         thread.join()
     return records
+
+
+def warm_up(url: str, model: str, sessions: list[dict[str, Any]], count: int, max_tokens: int,
+            tenant: str) -> None:
+    """``count`` requests one after another (the last sessions' turns), not measured."""
+    turns = [(session, messages) for session in reversed(sessions)
+             for messages in session["turns"]][:count]
+    with httpx.Client() as client:
+        for session, messages in turns:
+            payload = {"model": model, "messages": messages, "tools": session["tools"],
+                       "max_tokens": max_tokens, "stream": True, "temperature": 0}
+            stream_request(client, url, payload, f"warmup-{uuid.uuid4().hex[:8]}", "warmup", 1,
+                           tenant)
 
 
 def summarize(records: list[RequestRecord]) -> dict[str, Any]:
@@ -321,13 +337,19 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--apibank", type=Path,
                         default=ROOT.parent / "shared" / "data" / "api-bank" / "level-2.json")
+    parser.add_argument("--apibank-skip", type=int, default=0,
+                        help="leave out the first API-Bank items (a tuning part)")
     parser.add_argument("--bfcl", action="append", default=None,
                         help="CATEGORY:N BFCL items as one-turn sessions (default "
-                             "simple_python:20 and multiple:20)")
+                             "simple_python:20 and multiple:20; 'none' for none)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="model replicas of the measured deployment (autoscaling off)")
     parser.add_argument("--routing", default="prefix_aware",
                         choices=("prefix_aware", "session_hash", "power_of_two"))
+    parser.add_argument("--warmup", type=int, default=6,
+                        help="requests sent (as a tenant of their own, not measured) once the "
+                             "deployment is up: a fresh replica's first forwards of each shape "
+                             "are slow")
     parser.add_argument("--no-switch", action="store_true",
                         help="measure the deployment as it is (one mode, named by --modes)")
     parser.add_argument("--shared-memory", action="store_true",
@@ -340,7 +362,9 @@ def main() -> int:
     host = urllib.parse.urlparse(args.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         parser.error("load is sent to loopback addresses only")
-    sessions = load_sessions(args.apibank, args.bfcl or ["simple_python:20", "multiple:20"])
+    bfcl = [spec for spec in (args.bfcl or ["simple_python:20", "multiple:20"])
+            if spec != "none"]
+    sessions = load_sessions(args.apibank, bfcl, skip=args.apibank_skip)
     budget = yaml.safe_load(args.config.read_text())["applications"][0]["args"].get(
         "model", {}).get("draft_budget", "auto")
     modes = args.modes.split(",")
@@ -357,6 +381,9 @@ def main() -> int:
                                 args.model, args.replicas, args.routing)
                 # The sessions repeat from level to level: a tenant of its own keeps what
                 # ToolSpec's memory learned of their answers in one run from drafting another.
+                if number == 0 and mode == (modes if number % 2 == 0 else modes[::-1])[0]:
+                    warm_up(args.url, args.model, sessions, args.warmup, args.max_tokens,
+                            f"warmup-{run_id}")
                 tenant = None if args.shared_memory else f"load-{mode}-{level}-{run_id}"
                 level_records = run_level(args.url, args.model, sessions, mode, level,
                                           args.seconds, args.max_tokens, tenant)
@@ -366,6 +393,8 @@ def main() -> int:
                 (args.out / "results.json").write_text(json.dumps({
                     "url": args.url, "seconds_per_level": args.seconds,
                     "replicas": args.replicas, "routing": args.routing,
+                    "apibank": str(args.apibank), "apibank_skip": args.apibank_skip,
+                    "bfcl": bfcl,
                     "max_tokens": args.max_tokens, "sessions": len(sessions),
                     "levels": summary, "requests": [asdict(r) for r in records]}, indent=1))
     finally:

@@ -219,3 +219,13 @@ def test_the_row_budget_is_where_a_rows_cost_stops_falling() -> None:
     assert rows_per_step(curve, 32) == 128
     assert rows_per_step(curve, 64) == 128  # whole blocks
     assert rows_per_step(CostModel.from_timings({1: 1.0, 2: 1.5}), 32) == 32  # at least one
+
+
+def test_prompt_rows_in_the_same_forward_make_draft_rows_dearer() -> None:
+    # Flat to 16 rows, then every row costs a tenth of a one-row step.
+    curve = CostModel((1, 16, 512), (1.0, 1.2, 50.8))
+    budget = CostAwareBudget(curve, calibration=AcceptanceCalibration(smoothing=1e9))
+    tree = chain(12, 0.7)  # node k is reached with 0.7 ** k
+    alone = budget.select_batch([tree])[0]
+    beside_prompts = budget.select_batch([tree], other_rows=256)[0]
+    assert (len(alone), len(beside_prompts)) == (10, 4)  # a node must beat 0.2 beside them

@@ -27,8 +27,9 @@ class DraftBudget(Protocol):
     def select(self, tree: DraftTree) -> DraftTree:
         """The part of ``tree`` to verify (a step of one sequence)."""
 
-    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
-        """The part of each tree to verify when all of them share one forward."""
+    def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
+        """The part of each tree to verify when all of them share one forward, which also
+        runs ``other_rows`` rows of other work (prompt chunks)."""
 
     def observe(self, tree: DraftTree, accepted: Sequence[int],
                 rides_on_prefill: bool = False) -> None:
@@ -36,8 +37,9 @@ class DraftBudget(Protocol):
         was verified in the prompt's forward, not in a decoding step of its own. Mutates: the
         budget's statistics."""
 
-    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
-        """Learn from the trees one forward verified together. Mutates: the statistics."""
+    def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
+        """Learn from the trees one forward verified together beside ``other_rows`` rows of
+        other work. Mutates: the statistics."""
 
 
 class VerifiedTree(Protocol):
@@ -126,14 +128,14 @@ class FixedBudget:
         ranked = ranked_by_reach(self.calibration.reach_probabilities(tree))
         return tree.subtree(sorted(ranked[: self.max_nodes]))
 
-    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+    def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
         return [self.select(tree) for tree in trees]
 
     def observe(self, tree: DraftTree, accepted: Sequence[int],
                 rides_on_prefill: bool = False) -> None:
         self.calibration.observe(tree, accepted)
 
-    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
+    def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
         for entry in verified:
             self.observe(entry.tree, entry.accepted, entry.rides_on_prefill)
 
@@ -213,6 +215,11 @@ class CostAwareBudget:
     at the batch's size. The rate is learned per batch size (powers of two): eight sequences
     earn eight tokens from a forward that costs little more than one, so a node must be far
     likelier to pay there — speculation pays less under load, and this is how much less.
+
+    Prompt chunks in the same forward (``other_rows``) move the trees up the curve: their rows
+    cost ``cost(other + rows) - cost(other)``, which past the curve's flat start is a full row's
+    price each — on a machine where rows are dear, a forward already busy with prompts makes
+    speculative rows dear too, and trees shrink while prompts wait.
     """
 
     cost: CostModel
@@ -240,7 +247,7 @@ class CostAwareBudget:
     def select(self, tree: DraftTree) -> DraftTree:
         return self.select_batch([tree])[0]
 
-    def select_batch(self, trees: Sequence[DraftTree]) -> list[DraftTree]:
+    def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
         if not any(len(tree) for tree in trees):
             return list(trees)
         rate = self.rate_at(len(trees))
@@ -251,10 +258,10 @@ class CostAwareBudget:
                          for node in ranked_by_reach(reach)[: self.max_nodes]))
         base = len(trees)  # every sequence's root
         best_count, expected = 0, float(base)
-        best_gain = expected - rate * self.cost.cost(base)
+        best_gain = expected - rate * self._cost(base, other_rows)
         for count, (negative_reach, _, _) in enumerate(ranked, start=1):
             expected -= negative_reach
-            gain = expected - rate * self.cost.cost(base + count)
+            gain = expected - rate * self._cost(base + count, other_rows)
             if gain > best_gain:
                 best_count, best_gain = count, gain
         kept: list[list[int]] = [[] for _ in trees]
@@ -268,13 +275,20 @@ class CostAwareBudget:
         if not rides_on_prefill:
             self._learn_rate(1, len(accepted) + 1, self.cost.cost(len(tree) + 1))
 
-    def observe_batch(self, verified: Sequence[VerifiedTree]) -> None:
+    def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
         for entry in verified:
             self.calibration.observe(entry.tree, entry.accepted)
         decoding = [entry for entry in verified if not entry.rides_on_prefill]
         if decoding:
             self._learn_rate(len(decoding), sum(len(e.accepted) + 1 for e in decoding),
-                             self.cost.cost(sum(len(e.tree) + 1 for e in decoding)))
+                             self._cost(sum(len(e.tree) + 1 for e in decoding), other_rows))
+
+    def _cost(self, rows: int, other_rows: int) -> float:
+        """What ``rows`` rows of trees add to a forward that runs ``other_rows`` besides (alone:
+        the curve's cost of ``rows``)."""
+        if not other_rows:
+            return self.cost.cost(rows)
+        return self.cost.cost(other_rows + rows) - self.cost.cost(other_rows)
 
     def _learn_rate(self, sequences: int, tokens: float, spent: float) -> None:
         bucket = _size_bucket(sequences)

@@ -197,8 +197,12 @@ class Engine:
         outcomes: list[StepOutcome | None] = [None] * len(jobs)
         cached = self._take_cached_prompts(jobs)
         decoding = [i for i, job in enumerate(jobs) if not job.prefilling]
-        trees = self._select_trees(jobs, decoding, outcomes)
         limit = self.step_rows if step_rows is None else step_rows
+        # The trees are chosen knowing what prompt rows will share their forward.
+        waiting_rows = sum(job.prompt_rows for job in jobs if job.prefilling)
+        if limit and decoding:
+            waiting_rows = min(waiting_rows, max(self.block_tokens, limit - len(decoding)))
+        trees = self._select_trees(jobs, decoding, outcomes, waiting_rows)
         left = None
         if limit and trees:
             used = sum(1 + len(tree) for tree in trees.values())
@@ -208,9 +212,10 @@ class Engine:
             first = next((job for job in jobs if job.prefilling), None)
             left = max(limit, first.prompt_rows if first is not None else 0)
         chunks = self._prompt_chunks(jobs, left)
-        trees.update(self._select_trees(
-            jobs, [i for i, job in enumerate(jobs) if job.prefilling and chunks[i] is None],
-            outcomes))
+        riding = [i for i, job in enumerate(jobs) if job.prefilling and chunks[i] is None]
+        other = sum(1 + len(tree) for tree in trees.values()) + sum(filter(None, chunks)) + \
+            sum(jobs[i].prompt_rows for i in riding)
+        trees.update(self._select_trees(jobs, riding, outcomes, other))
         running = sorted([*trees, *(i for i, chunk in enumerate(chunks) if chunk)])
         waiting = sum(1 for chunk in chunks if chunk == 0)
         if not running:
@@ -231,10 +236,10 @@ class Engine:
                 outcomes[i] = StepOutcome(result[0])
                 if result[1] is not None:
                     verified.append(result[1])
-        self.budget.observe_batch(verified)
+        prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
+        self.budget.observe_batch(verified, prompt_rows)
         self._store_computed_prompts([jobs[i] for i, r in zip(running, rows)
                                       if r.prompt and outcomes[i].error is None])
-        prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
         self.last_step = StepReport(len(running), prompt_rows,
                                     sum(r.rows for r in rows) - prompt_rows, forward_s,
                                     time.perf_counter() - began, cached, waiting)
@@ -257,12 +262,15 @@ class Engine:
         return results  # type: ignore[return-value]
 
     def _select_trees(self, jobs: Sequence[DecodeJob], indices: Sequence[int],
-                      outcomes: list[StepOutcome | None]) -> dict[int, DraftTree]:
+                      outcomes: list[StepOutcome | None], other_rows: int
+                      ) -> dict[int, DraftTree]:
         """The trees jobs ``indices`` verify this step: each proposes, the budget chooses
-        what of all of them one forward verifies. A job whose drafter fails is left out."""
+        what of all of them one forward verifies, beside ``other_rows`` rows of other work.
+        A job whose drafter fails is left out."""
         proposals = {i: _guarded(outcomes, i, jobs[i], jobs[i].propose) for i in indices}
         ready = [i for i in indices if outcomes[i] is None]
-        return dict(zip(ready, self.budget.select_batch([proposals[i] for i in ready])))
+        return dict(zip(ready, self.budget.select_batch([proposals[i] for i in ready],
+                                                        other_rows)))
 
     def _prompt_chunks(self, jobs: Sequence[DecodeJob], left: int | None) -> list[int | None]:
         """Per job: the prompt rows it runs this step without a tree (0: it sits the step
