@@ -57,6 +57,7 @@ def main() -> int:
         parser.error("load is sent to loopback addresses only")
     sessions = load_sessions(args.apibank, ["simple_python:20", "multiple:20"])
     tenant = f"autoscale-{uuid.uuid4().hex[:8]}"
+    settle(args.url)
     phases = [(1, args.low), (args.peak, args.high), (1, args.tail)]
     wanted = {"clients": 1}
     began = time.perf_counter()
@@ -108,7 +109,7 @@ def main() -> int:
         stop.set()
         for thread in [*threads, watcher]:
             thread.join(timeout=600)
-    summary = summarize(timeline, records, began)
+    summary = summarize(timeline, records, phases)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({
         "phases": phases, "tenant": tenant, "summary": summary, "timeline": timeline,
@@ -118,17 +119,35 @@ def main() -> int:
     return 0 if summary["failed"] == 0 else 1
 
 
-def summarize(timeline: list[dict[str, Any]], records: list[RequestRecord], began: float
-              ) -> dict[str, Any]:
+def settle(url: str, seconds: float = 600) -> None:
+    """Wait until Serve runs the model replicas steadily (none starting or stopping): a
+    deployment just updated may still be replacing replicas."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = replica_states(url)
+        if states.get("RUNNING") and set(states) == {"RUNNING"}:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"the ModelServer replicas never settled: {replica_states(url)}")
+
+
+def summarize(timeline: list[dict[str, Any]], records: list[RequestRecord],
+              phases: list[tuple[int, float]]) -> dict[str, Any]:
+    """Replicas in each phase, how long after the load stepped up the most of them ran, and
+    how long after it stepped down they were back to where they started."""
     running = [(point["t"], point["replicas"].get("RUNNING", 0)) for point in timeline]
-    peak = max((count for _, count in running), default=0)
-    first_peak = next((t for t, count in running if count == peak), None)
-    after_peak = [(t, count) for t, count in running if first_peak is not None and t > first_peak]
-    back_down = next((t for t, count in after_peak if count < peak), None)
+    up_at, down_at = phases[0][1], phases[0][1] + phases[1][1]
+    start = running[0][1] if running else 0
+    high = [(t, count) for t, count in running if up_at <= t < down_at]
+    peak = max((count for _, count in high), default=start)
+    scaled_up = next((t - up_at for t, count in high if count == peak), None)
+    scaled_down = next((t - down_at for t, count in running if t >= down_at and count <= start),
+                       None)
     return {"requests": len(records), "failed": sum(r.status != 200 for r in records),
-            "replicas_at_start": running[0][1] if running else None,
-            "replicas_peak": peak, "replicas_at_end": running[-1][1] if running else None,
-            "peak_reached_at_s": first_peak, "scaled_down_at_s": back_down}
+            "replicas_at_start": start, "replicas_peak": peak,
+            "replicas_at_end": running[-1][1] if running else None,
+            "all_peak_replicas_running_after_step_up_s": scaled_up,
+            "back_to_start_after_step_down_s": scaled_down}
 
 
 def plot(timeline: list[dict[str, Any]], records: list[RequestRecord], began: float,

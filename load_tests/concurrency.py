@@ -225,15 +225,18 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 
 def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
-                replicas: int = 1, routing: str = "prefix_aware") -> None:
-    """``serve deploy`` ``config`` with ``replicas`` fixed replicas routed by ``routing`` and
-    the ModelServer's ``user_config.draft_budget`` set, then wait until a request is answered
-    in that mode."""
+                replicas: int = 1, routing: str = "prefix_aware",
+                prefix_cache_bytes: int | None = None) -> None:
+    """``serve deploy`` ``config`` with ``replicas`` fixed replicas routed by ``routing`` (and
+    another prefix-cache size, if given) and the ModelServer's ``user_config.draft_budget``
+    set, then wait until a request is answered in that mode."""
     document = yaml.safe_load(config.read_text())
     for app in document["applications"]:
         model_args = app.setdefault("args", {}).setdefault("model", {})
         model_args.pop("autoscaling", None)
         model_args.update(replicas=replicas, routing=routing)
+        if prefix_cache_bytes is not None:
+            model_args["prefix_cache_bytes"] = prefix_cache_bytes
         for deployment in app.get("deployments", ()):
             if deployment.get("name") == "ModelServer":
                 deployment.setdefault("user_config", {})["draft_budget"] = draft_budget
@@ -346,6 +349,8 @@ def main() -> int:
                         help="model replicas of the measured deployment (autoscaling off)")
     parser.add_argument("--routing", default="prefix_aware",
                         choices=("prefix_aware", "session_hash", "power_of_two"))
+    parser.add_argument("--prefix-cache-bytes", type=int, default=None,
+                        help="each replica's prefix cache (default: the config's)")
     parser.add_argument("--warmup", type=int, default=6,
                         help="requests sent (as a tenant of their own, not measured) once the "
                              "deployment is up: a fresh replica's first forwards of each shape "
@@ -378,7 +383,8 @@ def main() -> int:
             for mode in (modes if number % 2 == 0 else modes[::-1]):
                 if not args.no_switch:
                     switch_mode(args.config, 0 if mode == "plain" else budget, args.url,
-                                args.model, args.replicas, args.routing)
+                                args.model, args.replicas, args.routing,
+                                args.prefix_cache_bytes)
                 # The sessions repeat from level to level: a tenant of its own keeps what
                 # ToolSpec's memory learned of their answers in one run from drafting another.
                 if number == 0 and mode == (modes if number % 2 == 0 else modes[::-1])[0]:
@@ -393,13 +399,15 @@ def main() -> int:
                 (args.out / "results.json").write_text(json.dumps({
                     "url": args.url, "seconds_per_level": args.seconds,
                     "replicas": args.replicas, "routing": args.routing,
+                    "prefix_cache_bytes": args.prefix_cache_bytes,
                     "apibank": str(args.apibank), "apibank_skip": args.apibank_skip,
                     "bfcl": bfcl,
                     "max_tokens": args.max_tokens, "sessions": len(sessions),
                     "levels": summary, "requests": [asdict(r) for r in records]}, indent=1))
     finally:
         if not args.no_switch and "plain" in modes:
-            switch_mode(args.config, budget, args.url, args.model, args.replicas, args.routing)
+            switch_mode(args.config, budget, args.url, args.model, args.replicas, args.routing,
+                        args.prefix_cache_bytes)
     plot(summary, args.out / "concurrency.png")
     print("\n".join(goals(summary)))
     return 0

@@ -184,13 +184,13 @@ class Engine:
         """One step of every job in one forward: propose → verify → commit → observe.
 
         At most ``step_rows`` rows (default: the engine's ``step_rows``; 0: no limit) while
-        any job decodes: decoding jobs' trees first, then prompt chunks of whole blocks, in the
-        order of ``jobs``, at least one block a step (with no job decoding, the first prompt
-        runs whole); a job whose prompt gets no rows — or whose next block
-        another job computes this step — sits it out (its outcome is None). A job that fails
-        (its drafter or its grammar raises) is closed and its outcome holds the error; the
-        others go on. Mutates: the jobs, their caches, the budget's statistics, the prefix
-        cache.
+        any job decodes: decoding jobs' trees first (sized knowing the prompt rows beside
+        them), then prompt chunks of whole blocks, in the order of ``jobs``, at least one block
+        a step (with no job decoding, the first prompt runs whole); a job whose prompt gets no
+        rows — or whose next block another job computes this step — sits it out (its outcome
+        is None). A job that fails (its drafter or its grammar raises) is closed and its
+        outcome holds the error; the others go on. Mutates: the jobs, their caches, the
+        budget's statistics, the prefix cache.
         """
         began = time.perf_counter()
         self.last_step = None
