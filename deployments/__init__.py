@@ -1,9 +1,22 @@
 """Ray Serve deployments of ToolSpec: OpenAI-compatible ingress, model replicas, call library.
 
 ``build_app(AppConfig(...))`` gives the bound application; ``app_builder`` is the entry point
-``serve_config.yaml`` names.
+``serve_config.yaml`` names. The names are imported on first use, so a replica process that
+imports ``deployments.replica`` does not load the HTTP layer (the builder pulls in the ingress).
 """
 
-from deployments.builder import AppConfig, LibraryConfig, ModelConfig, app_builder, build_app
+from __future__ import annotations
 
-__all__ = ["AppConfig", "LibraryConfig", "ModelConfig", "app_builder", "build_app"]
+import importlib
+from typing import Any
+
+_EXPORTS = {name: "deployments.builder"
+            for name in ("AppConfig", "LibraryConfig", "ModelConfig", "app_builder", "build_app")}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'deployments' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

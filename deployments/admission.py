@@ -16,16 +16,30 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.limits import (AdmissionLimits, BodyLimitError, check_document, json_depth,
-                                json_path, load_json_body)
+from deployments.limits import (
+    AdmissionLimits,
+    BodyLimitError,
+    check_document,
+    json_depth,
+    json_path,
+    load_json_body,
+)
 from deployments.messages import ChatRequest
-from deployments.schemas import (TOOL_NAME_PATTERN, ChatCompletionRequest, ChatMessage,
-                                 NamedToolChoice, ResponseFormat)
+from deployments.schemas import (
+    TOOL_NAME_PATTERN,
+    ChatCompletionRequest,
+    ChatMessage,
+    NamedToolChoice,
+    ResponseFormat,
+)
 from deployments.tenants import TenantError, TenantPolicy
-from toolspec.formats import parse_arguments_json
-from toolspec.tool_grammar import (UnconstrainableToolError, check_answer_schema,
-                                   check_constrainable)
-from toolspec.tools import ToolSchemaError, ToolSet
+from toolspec.calls.formats import parse_arguments_json
+from toolspec.calls.tool_grammar import (
+    UnconstrainableToolError,
+    check_answer_schema,
+    check_constrainable,
+)
+from toolspec.calls.tools import ToolSchemaError, ToolSet
 
 MAX_STOP_STRINGS = 4
 _TOOL_NAME = re.compile(TOOL_NAME_PATTERN)

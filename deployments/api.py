@@ -5,7 +5,9 @@ engine. Every failure answers with an OpenAI error object: 400 for a bad request
 names the field), 404 for an unknown model, 429 with ``Retry-After`` when the replicas' queue
 is full, 504 past the request's deadline, 503 when no replica can serve — never a bare 500, a
 hang, or a stalled replica. A 5xx names the request id (the logs hold the details under it),
-never an exception's text.
+never an exception's text. ``/health`` answers with ``deployments.health``'s report, which
+also keeps the model description ``/v1/models`` shows. Mutates: per request, ``http.state``
+(its id) and the metrics.
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments import metrics, responses
 from deployments.admission import AdmissionError, AdmissionPolicy, admit, error_body, parse_body
 from deployments.auth import ApiKeys
-from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
-                                  ReplicaUnavailableError, StreamEnd, StreamError, StreamStart,
-                                  TextStep)
+from deployments.health import LoadedModel, health_report
+from deployments.messages import (
+    ChatRequest,
+    ReplicaBusyError,
+    ReplicaEvent,
+    ReplicaUnavailableError,
+    StreamEnd,
+    StreamError,
+    StreamStart,
+    TextStep,
+)
 from deployments.prompting import PromptRenderer, fit_to_context
 from deployments.schemas import ChatCompletionRequest
 from deployments.tool_stream import OutputDelta, ToolCallStream
 from deployments.tracing import tracer
-from toolspec.formats import get_format
+from toolspec.calls.formats import get_format
 
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
@@ -55,10 +65,6 @@ class ModelClient(Protocol):
     async def deployments(self) -> dict[str, Any] | None:
         """Each deployment's status and replicas by state, as Serve sees them (None where
         the client does not run under Serve)."""
-
-
-class IncompleteStreamError(ReplicaUnavailableError):
-    """The replica's events ended without a StreamEnd."""
 
 
 class RequestFailed(Exception):
@@ -117,11 +123,11 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
         return JSONResponse(internal_error_body(request_id), status_code=500,
                             headers=_id_header(http))
 
-    loaded = _LoadedModel(client)
+    loaded = LoadedModel(client)  # the replicas' description, for /health and /v1/models
 
     @api.get("/health")
     async def health() -> JSONResponse:
-        report = await _health(client, loaded)
+        report = await health_report(client, loaded)
         return JSONResponse(report, status_code=200 if report["status"] != "unavailable"
                             else 503)
 
@@ -174,68 +180,6 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             return JSONResponse(result, headers=_id_header(http))
 
     return api
-
-
-MODEL_DEPLOYMENT, LIBRARY_DEPLOYMENT = "ModelServer", "CallLibraryService"
-
-
-class _LoadedModel:
-    """What the model replicas have loaded, asked of one of them and kept for ``ttl_s`` (it
-    changes only when ``user_config`` reloads the model). Mutates: its copy."""
-
-    def __init__(self, client: ModelClient, ttl_s: float = 60.0,
-                 timeout_s: float = 5.0) -> None:
-        self.client = client
-        self.ttl_s = ttl_s
-        self.timeout_s = timeout_s
-        self._described: dict[str, Any] | None = None
-        self._at = 0.0
-
-    async def get(self, fresh: bool = False) -> dict[str, Any] | None:
-        """The latest description (None if no replica answered in time)."""
-        if fresh or self._described is None or time.monotonic() - self._at > self.ttl_s:
-            try:
-                self._described = await asyncio.wait_for(self.client.describe(),
-                                                          self.timeout_s)
-                self._at = time.monotonic()
-            except (TimeoutError, ReplicaUnavailableError) as error:
-                logger.warning("no model replica described itself: %s",
-                               type(error).__name__)
-                if fresh:
-                    return None
-        return self._described
-
-
-async def _health(client: ModelClient, loaded: _LoadedModel) -> dict[str, Any]:
-    """``ok``: a model replica runs and the retrieval actor too (or there is none);
-    ``degraded``: the model serves, retrieval is down (drafting goes on without it);
-    ``unavailable``: no model replica runs. Under Serve the states are the controller's (no
-    request waits in a busy replica's queue); elsewhere a replica is asked."""
-    try:
-        deployments = await client.deployments()
-    except Exception as error:  # noqa: BLE001 - the controller unreachable: ask a replica
-        logger.warning("Serve's status unavailable for /health: %s", type(error).__name__)
-        deployments = None
-    if deployments is not None:
-        model_up = deployments.get(MODEL_DEPLOYMENT, {}).get("replicas", {}).get("RUNNING", 0) > 0
-        parts = [status for name, status in deployments.items()
-                 if name == LIBRARY_DEPLOYMENT or name.startswith(f"{LIBRARY_DEPLOYMENT}-")]
-        library = "disabled" if not parts else (
-            "reachable" if all(part["replicas"].get("RUNNING", 0) > 0 for part in parts)
-            else "unreachable")  # a part down: its tools are drafted without retrieval
-        described = await loaded.get() if model_up else None
-    else:
-        described = await loaded.get(fresh=True)
-        model_up = described is not None
-        library = described.get("library", "disabled") if described else "unreachable"
-    status = "unavailable" if not model_up else "degraded" if library == "unreachable" else "ok"
-    report: dict[str, Any] = {"status": status, "library": library}
-    if described is not None:
-        report["model"] = {key: described[key] for key in ("model", "dtype", "context_tokens")
-                           if key in described}
-    if deployments is not None:
-        report["deployments"] = deployments
-    return report
 
 
 def _request_id(http: Request) -> str:

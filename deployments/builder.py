@@ -8,7 +8,8 @@
 
 ``serve_config.yaml`` points at ``deployments:app_builder`` with ``args`` (this config); its
 per-deployment entries (replicas, actor options, ``user_config``...) override the defaults set
-here.
+here. The deployments' names are ``deployments.names``'s (``/health`` reads Serve's status by
+them).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, BackpressureConfig, RequestRouterConfig
 
 from deployments.admission import AdmissionPolicy
-from deployments.api import LIBRARY_DEPLOYMENT
 from deployments.auth import ApiKeySource
 from deployments.chat_engine import EngineSettings
-from deployments.limits import AdmissionLimits
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
+from deployments.limits import AdmissionLimits
+from deployments.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT
 from deployments.prefix_router import PREFIX_ROUTER
 from deployments.replica import EngineFactory, ModelServer
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
-from toolspec.models import DEFAULT_MODEL
-from toolspec.tensor_parallel import check_divides
+from toolspec.model.packages import DEFAULT_MODEL
+from toolspec.model.tensor_parallel import check_divides
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 # How requests reach the model replicas: prefix-aware (``deployments.prefix_router``), a hash
@@ -65,7 +66,7 @@ class ModelConfig(_Strict):
                                    "evicted past this many bytes; 0: off")
     exact_bf16: bool = Field(
         False, description="bf16 on CPU: speculative outputs bitwise plain decoding's, at a "
-                           "cost per verified row (docs/benchmarks.md, issue 37)")
+                           "cost per verified row (docs/serving.md, 'Exact bf16')")
     replicas: int | None = Field(
         None, ge=1, description="a fixed number of replicas (default 1); leave unset with "
                                 "autoscaling")
@@ -153,7 +154,7 @@ def _model_heads(model: str) -> Any:
     or a registered model already converted), else None: then the replica checks at load."""
     from transformers import AutoConfig
 
-    from toolspec.models import UnknownModelError, resolve_model_dir
+    from toolspec.model.packages import UnknownModelError, resolve_model_dir
 
     try:
         source = resolve_model_dir(model)
@@ -255,7 +256,7 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
                    for index in range(config.library.actors)]
     settings = config.engine_settings()
     model_options: dict[str, Any] = {
-        "name": "ModelServer",
+        "name": MODEL_DEPLOYMENT,
         **config.model.replica_options(),
         "max_ongoing_requests": config.model.max_ongoing_requests,
         "max_queued_requests": config.model.max_queued_requests,

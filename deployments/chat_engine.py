@@ -8,12 +8,12 @@ replica's library view.
 
 Constrained requests (``ChatRequest.constrained``: ``tool_choice`` required or named,
 ``strict``, or ``response_format``) decode under a grammar compiled from the offered tools'
-schemas in the request's call format (``toolspec.tool_grammar``): required / named allow only
+schemas in the request's call format (``toolspec.calls.tool_grammar``): required / named allow only
 calls (named: exactly one), strict with ``auto`` allows free text whose calls, once opened, are
-schema-valid, and ``response_format`` makes the answer the JSON document its schema describes. The masks compose
-with speculation (``toolspec.grammar_masks``): the output is exactly masked plain decoding's.
-Grammars are compiled once per (tools, format, shape) and cached. ``auto`` without strict is
-unconstrained, lossless speculation of the model's own output.
+schema-valid, and ``response_format`` makes the answer the JSON document its schema describes. The
+masks compose with speculation (``toolspec.core.grammar_masks``): the output is exactly masked
+plain decoding's. Grammars are compiled once per (tools, format, shape) and cached. ``auto``
+without strict is unconstrained, lossless speculation of the model's own output.
 """
 
 from __future__ import annotations
@@ -27,25 +27,24 @@ from typing import Any, Literal, Protocol
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from deployments import metrics
-from deployments.messages import ChatRequest
-from deployments.prompting import ContextLengthError, context_message
+from deployments.messages import ChatRequest, ContextLengthError, context_message
 from deployments.scheduler import Job
 from deployments.tensor_parallel_group import TensorParallelGroup
-from toolspec.drafters import Drafter
-from toolspec.engine import Engine, GenerationParams, StepOutcome, StepReport
-from toolspec.formats import CallFormat, get_format
-from toolspec.grammar_masks import GrammarCompiler, GrammarConstraint
-from toolspec.job import DecodeJob
+from toolspec.calls.formats import CallFormat, get_format
+from toolspec.calls.prompts import chat_prompt, conversation_text
+from toolspec.calls.tool_grammar import answer_grammar, tool_call_grammar
+from toolspec.core.drafter import Drafter
+from toolspec.core.engine import Engine, GenerationParams, StepReport, StepResult
+from toolspec.core.grammar_masks import GrammarCompiler, GrammarConstraint
+from toolspec.core.job import DecodeJob
+from toolspec.core.prefix_cache import PrefixCache, PrefixCacheStats
+from toolspec.core.sampling import SamplingParams
 from toolspec.library import CallLibrary
-from toolspec.models import (DEFAULT_MODEL, LoadedModel, dtype_name, freeze_loaded_objects,
-                             load_model)
-from toolspec.prefix_cache import PrefixCache, PrefixCacheStats
-from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.model.loading import LoadedModel, dtype_name, freeze_loaded_objects, load_model
+from toolspec.model.packages import DEFAULT_MODEL
+from toolspec.model.target_model import TargetModel
+from toolspec.model.tensor_parallel import TensorParallelError
 from toolspec.registry import DrafterFactory, build_engine
-from toolspec.sampling import SamplingParams
-from toolspec.target_model import TargetModel
-from toolspec.tensor_parallel import TensorParallelError
-from toolspec.tool_grammar import answer_grammar, tool_call_grammar
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -66,18 +65,18 @@ class EngineSettings:
     prepack_linear: bool = True
     # Rows a forward runs at most while requests decode: decoding first, prompt chunks (whole
     # blocks) fill the rest, so a long prompt slows the others' steps by a bounded factor.
-    # auto: from the cost curve (toolspec.budget.rows_per_step); 0: no limit.
+    # auto: from the cost curve (toolspec.core.budget.rows_per_step); 0: no limit.
     step_rows: int | Literal["auto"] = "auto"
     # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
     # group (deployments.tensor_parallel_group). 1: the whole model in the replica.
     tensor_parallel_size: int = 1
-    # bf16 on CPU: speculative outputs bitwise plain decoding's (issue 37), at a cost per
+    # bf16 on CPU: speculative outputs bitwise plain decoding's, at a cost per
     # verified row (docs/benchmarks.md); plain decoding runs through the same kernels.
     exact_bf16: bool = False
 
 
 @dataclass(frozen=True)
-class ChatStream:
+class OpenedRequest:
     """An opened request: how its output is written, and its job (not yet run: the
     replica's scheduler steps it with the others, through ``ChatEngine.step``)."""
 
@@ -88,10 +87,10 @@ class ChatStream:
 
 
 class ChatEngine(Protocol):
-    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         """Build the prompt, drafter and job; nothing runs until ``step`` runs the job."""
 
-    def step(self, jobs: Sequence[Job]) -> list[StepOutcome | None]:
+    def step(self, jobs: Sequence[Job]) -> StepResult:
         """One step of every job in one forward (``Engine.step``); per job its event, its
         failure, or None when it sat the step out. Called on the scheduler's thread only."""
 
@@ -169,7 +168,7 @@ class ToolSpecChatEngine:
             self.engine = _engine(self.loaded, settings, self.target, self.prefix_cache)
         self.settings = settings
 
-    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         prompt, call_format = self._prompt(request)
         context = self.loaded.model.config.max_position_embeddings
         if len(prompt) + request.max_tokens > context:
@@ -188,20 +187,20 @@ class ToolSpecChatEngine:
                                 tools=request.tools, call_format=call_format,
                                 conversation=conversation_text(request.messages),
                                 tenant=request.tenant)
-        return ChatStream(call_format, len(prompt), job, params.constraint is not None)
+        return OpenedRequest(call_format, len(prompt), job, params.constraint is not None)
 
-    def step(self, jobs: Sequence[DecodeJob]) -> list[StepOutcome | None]:
+    def step(self, jobs: Sequence[DecodeJob]) -> StepResult:
         """``Engine.step`` (the engine's row budget and prefix cache); its rows and the prefix
         cache's state go to the metrics."""
         engine = self.engine  # ``apply`` may replace it between steps
-        outcomes = engine.step(jobs)
-        report = engine.last_step
+        result = engine.step(jobs)
+        report = result.report
         if report is not None:
             self.load.add(report)
             metrics.record_rows(report.prompt_rows, report.decode_rows, report.cached_tokens)
         if engine.prefix_cache is not None:
             metrics.record_prefix_cache(engine.prefix_cache.stats())
-        return outcomes
+        return result
 
     def _prompt(self, request: ChatRequest) -> tuple[list[int], CallFormat]:
         """The ingress's rendering when it used this model's tokenizer, else our own."""
@@ -267,7 +266,7 @@ class ServedDrafters:
     replica records finished calls itself (``learn`` off). Mutates: the tenants' memories."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.with_library = DrafterFactory("toolspec", tokenizer, learn=False)
+        self.with_library = DrafterFactory("toolspec", tokenizer)
         self.without_library = self.with_library.sibling("toolspec-schema")
 
     def for_request(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest
-from toolspec.output import CallSpan
+from toolspec.calls.output import CallSpan
 
 
 class DecodeLookups:

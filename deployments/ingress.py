@@ -20,8 +20,12 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
 from deployments.auth import ApiKeySource
-from deployments.messages import (ChatRequest, ReplicaBusyError, ReplicaEvent,
-                                  ReplicaUnavailableError)
+from deployments.messages import (
+    ChatRequest,
+    ReplicaBusyError,
+    ReplicaEvent,
+    ReplicaUnavailableError,
+)
 from deployments.prompting import PromptRenderer
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log

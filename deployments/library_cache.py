@@ -11,6 +11,10 @@ the local view the same way.
 
 If the actor is down or slow, lookups fail fast (a timeout), the replica waits
 ``retry_after_s`` before asking again, and decoding goes on with what the local view holds.
+
+``ShardedLibraryRemote`` is how a replica reaches the retrieval actors under Serve: each
+question goes to the actor owning its shard. It keeps only the library's shard count, asked
+once; the cache mutates its local view and counters (``LibraryCache``).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from typing import Any, Protocol
 from deployments import metrics
 from deployments.messages import ChatRequest
 from deployments.tracing import tracer
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
+from toolspec.library.keys import shard_of
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -44,6 +49,56 @@ class LibraryRemote(Protocol):
     async def add_calls(self, tenant: str, calls: Sequence[tuple[str, dict[str, Any]]]) -> int: ...
 
     async def stats(self) -> dict[str, Any]: ...
+
+
+class ShardedLibraryRemote:
+    """The retrieval actors through their Serve deployment handles: each question goes to the
+    actor owning the shard of its (tenant, tool) — shard ``s`` belongs to actor ``s % N`` —
+    and one spanning several tools asks their owners at once. The library's shard count is
+    asked of the first actor once."""
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self.handles = list(handles)
+        self._shards: int | None = None
+
+    async def _owner(self, tenant: str, tool: str) -> int:
+        """The index of the actor owning (``tenant``, ``tool``)'s shard."""
+        if len(self.handles) == 1:
+            return 0
+        if self._shards is None:
+            self._shards = (await self.handles[0].stats.remote())["shards"]
+        return shard_of(tenant, tool, self._shards) % len(self.handles)
+
+    async def _by_owner(self, tenant: str, tools: Sequence[str]) -> dict[int, list[str]]:
+        """``tools`` grouped by the index of the actor that owns each."""
+        grouped: dict[int, list[str]] = {}
+        for tool in tools:
+            grouped.setdefault(await self._owner(tenant, tool), []).append(tool)
+        return grouped
+
+    async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[Any]:
+        grouped = await self._by_owner(tenant, tools)
+        answers = await asyncio.gather(*(self.handles[owner].top_calls.remote(
+            tenant, owned, per_tool) for owner, owned in grouped.items()))
+        return [record for answer in answers for record in answer]
+
+    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
+                             k: int) -> tuple[list[Any], bool]:
+        owner = self.handles[await self._owner(tenant, tool)]
+        return await owner.matching_calls.remote(tenant, tool, typed, arguments_key, k)
+
+    async def add_calls(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> int:
+        grouped = await self._by_owner(tenant, sorted({name for name, _ in calls}))
+        stored = await asyncio.gather(*(self.handles[owner].add_calls.remote(
+            tenant, [call for call in calls if call[0] in owned])
+            for owner, owned in grouped.items()))
+        return sum(stored)
+
+    async def stats(self) -> dict[str, Any]:
+        """The parts' stats summed (calls), and how many actors answered."""
+        parts = await asyncio.gather(*(handle.stats.remote() for handle in self.handles))
+        return {"calls": sum(part["calls"] for part in parts), "actors": len(parts),
+                "shards": parts[0]["shards"]}
 
 
 class LibraryCache:
@@ -87,20 +142,29 @@ class LibraryCache:
         return self._spawn(self._fetch_matching(tenant, tool, typed, arguments_key))
 
     def remember(self, request: ChatRequest, calls: Sequence[ToolCall]) -> None:
-        """Record finished calls locally now and in the shared library in the background."""
-        offered = set(request.tools.names) if request.tools is not None else set()
-        kept = [call for call in calls if call.name in offered]
-        if not kept:
+        """Record a finished request's calls (those to tools it offered: ``CallLibrary.remember``,
+        the one path) locally now, and in the shared library in the background. A call the
+        library refuses is logged and left out. Mutates: the local library."""
+        offered = request.tools.names if request.tools is not None else ()
+        refused: list[ToolCall] = []
+
+        def refuse(call: ToolCall, error: LibraryError) -> None:
+            logger.warning("call not kept in the local library: %s", error)
+            refused.append(call)
+
+        if not any(call.name in offered for call in calls):
             return
-        with tracer.start_as_current_span("toolspec.library.add",
-                                          attributes={"toolspec.calls": len(kept)}):
-            for call in kept:
-                try:
-                    self._known.add(self.local.add(call, request.tenant).record_id)
-                except LibraryError as error:
-                    logger.warning("call not kept in the local library: %s", error)
-        if self._remote_up():
-            self._spawn(self._send(request.tenant, [(c.name, dict(c.arguments)) for c in kept]))
+        with tracer.start_as_current_span("toolspec.library.add") as span:
+            try:
+                stored = self.local.remember(calls, offered, request.tenant, on_invalid=refuse)
+            except LibraryError as error:  # the local library is closed or broken
+                logger.warning("calls not kept in the local library: %s", error)
+                stored = []
+            self._known.update(record.record_id for record in stored)
+            span.set_attribute("toolspec.calls", len(stored))
+        sent = [call for call in calls if call.name in offered and call not in refused]
+        if sent and self._remote_up():
+            self._spawn(self._send(request.tenant, [(c.name, dict(c.arguments)) for c in sent]))
 
     async def ping(self) -> bool:
         """Whether the retrieval actor answers now (within the timeout; a failure starts the

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolspec.formats import ToolCall
+from toolspec import toolspec_home
+from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary, CallRecord, LibraryError
 from toolspec.library.records import STYLES
 from toolspec.library.transfer import read_calls
-from toolspec.models import toolspec_home
-
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the actor's Serve log
 

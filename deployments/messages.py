@@ -2,17 +2,18 @@
 
 The ingress admits an HTTP request into a ``ChatRequest``; the replica answers with a
 ``StreamStart``, one ``TextStep`` per decoding step (several tokens when drafts are accepted)
-and a ``StreamEnd``.
+and a ``StreamEnd``. The errors both sides raise live here too (``ContextLengthError`` and its
+message), so neither imports the other's layer to name them. Nothing here mutates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from toolspec.output import CallSpan
-from toolspec.tools import ToolSet
+from toolspec.calls.output import CallSpan
+from toolspec.calls.tools import ToolSet
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
 
@@ -82,7 +83,7 @@ class ChatRequest:
 class StreamStart:
     """Sent once, before any text: how to read the output that follows."""
 
-    call_format: str  # a name in toolspec.formats.FORMATS
+    call_format: str  # a name in toolspec.calls.formats.FORMATS
     prompt_tokens: int
     replica: str  # which replica serves the request (session pinning is observable)
     constrained: bool = False  # decoding was grammar-constrained (schema-valid calls)
@@ -128,7 +129,7 @@ class StreamError:
     message: str
 
 
-ReplicaEvent = Union[StreamStart, TextStep, StreamEnd, StreamError]
+ReplicaEvent = StreamStart | TextStep | StreamEnd | StreamError
 
 
 class ReplicaUnavailableError(RuntimeError):
@@ -142,3 +143,14 @@ class ReplicaBusyError(ReplicaUnavailableError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ContextLengthError(ValueError):
+    """A prompt (after the chat template) that, with the answer's tokens, does not fit the
+    model's context."""
+
+
+def context_message(prompt_tokens: int, max_tokens: int, context: int) -> str:
+    """How a too-long prompt is worded, alike at the ingress (a 400) and on the replica."""
+    return (f"the prompt is {prompt_tokens} tokens (after the chat template) and max_tokens "
+            f"asks for {max_tokens} more; the model's context holds {context} tokens")

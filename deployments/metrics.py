@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from ray.serve import metrics
 
-from toolspec.prefix_cache import PrefixCacheStats
+from toolspec.core.prefix_cache import PrefixCacheStats
 
 _SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _FAST_SECONDS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]

@@ -1,6 +1,6 @@
 """Prefix-aware routing for the model replicas, through Ray Serve's request-router API.
 
-A replica's prefix cache (``toolspec.prefix_cache``) holds the prompt blocks its requests
+A replica's prefix cache (``toolspec.core.prefix_cache``) holds the prompt blocks its requests
 computed, per tenant. A request is worth most on the replica that already holds the longest
 start of its prompt — the tenant's system prompt and tools, a conversation's earlier turns — so
 ``PrefixAwareRouter`` (set as the ``ModelServer`` deployment's ``request_router_class``) ranks
@@ -36,11 +36,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ray.serve.request_router import (PendingRequest, ReplicaID, RequestRouter,
-                                      RunningReplica)
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments import metrics
-from toolspec.prefix_cache import DEFAULT_BLOCK_TOKENS, block_keys
+from toolspec.core.prefix_cache import DEFAULT_BLOCK_TOKENS, block_keys
 
 logger = logging.getLogger(f"ray.serve.{__name__}")
 

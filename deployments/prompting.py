@@ -12,20 +12,10 @@ from dataclasses import replace
 from jinja2 import TemplateError
 
 from deployments.admission import AdmissionError, explicit_max_tokens
-from deployments.messages import ChatRequest
+from deployments.messages import ChatRequest, context_message
 from deployments.schemas import ChatCompletionRequest
-from toolspec.models import context_tokens, load_tokenizer
-from toolspec.prompts import chat_prompt
-
-
-class ContextLengthError(ValueError):
-    """A prompt (after the chat template) that, with the answer's tokens, does not fit the
-    model's context."""
-
-
-def context_message(prompt_tokens: int, max_tokens: int, context: int) -> str:
-    return (f"the prompt is {prompt_tokens} tokens (after the chat template) and max_tokens "
-            f"asks for {max_tokens} more; the model's context holds {context} tokens")
+from toolspec.calls.prompts import chat_prompt
+from toolspec.model.packages import context_tokens, load_tokenizer
 
 
 class PromptRenderer:

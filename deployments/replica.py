@@ -8,26 +8,30 @@ actor's handle.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
 from deployments import metrics
 from deployments.chat_engine import ChatEngine, EngineSettings, ToolSpecChatEngine
 from deployments.decode_lookups import DecodeLookups
-from deployments.library_cache import LibraryCache
-from deployments.messages import (ChatRequest, ReplicaEvent, StreamEnd, StreamError,
-                                  StreamStart, TextStep)
-from deployments.prompting import ContextLengthError
+from deployments.library_cache import LibraryCache, ShardedLibraryRemote
+from deployments.messages import (
+    ChatRequest,
+    ContextLengthError,
+    ReplicaEvent,
+    StreamEnd,
+    StreamError,
+    StreamStart,
+    TextStep,
+)
 from deployments.scheduler import BatchScheduler
 from deployments.tracing import record_span, record_step, tracer
-from toolspec.engine import Generation
-from toolspec.library.keys import shard_of
+from toolspec.core.engine import Generation
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 EngineFactory = Callable[[EngineSettings], ChatEngine]
@@ -148,56 +152,6 @@ def _end(generation: Generation) -> StreamEnd:
         cached_tokens=generation.cached_tokens,
         decode_rows=generation.decode_rows,
     )
-
-
-class ShardedLibraryRemote:
-    """The retrieval actors through their Serve deployment handles: each question goes to the
-    actor owning the shard of its (tenant, tool) — shard ``s`` belongs to actor ``s % N`` —
-    and one spanning several tools asks their owners at once. The library's shard count is
-    asked of the first actor once."""
-
-    def __init__(self, handles: Sequence[Any]) -> None:
-        self.handles = list(handles)
-        self._shards: int | None = None
-
-    async def _owner(self, tenant: str, tool: str) -> int:
-        """The index of the actor owning (``tenant``, ``tool``)'s shard."""
-        if len(self.handles) == 1:
-            return 0
-        if self._shards is None:
-            self._shards = (await self.handles[0].stats.remote())["shards"]
-        return shard_of(tenant, tool, self._shards) % len(self.handles)
-
-    async def _by_owner(self, tenant: str, tools: Sequence[str]) -> dict[int, list[str]]:
-        """``tools`` grouped by the index of the actor that owns each."""
-        grouped: dict[int, list[str]] = {}
-        for tool in tools:
-            grouped.setdefault(await self._owner(tenant, tool), []).append(tool)
-        return grouped
-
-    async def top_calls(self, tenant: str, tools: list[str], per_tool: int) -> list[Any]:
-        grouped = await self._by_owner(tenant, tools)
-        answers = await asyncio.gather(*(self.handles[owner].top_calls.remote(
-            tenant, owned, per_tool) for owner, owned in grouped.items()))
-        return [record for answer in answers for record in answer]
-
-    async def matching_calls(self, tenant: str, tool: str, typed: str, arguments_key: str,
-                             k: int) -> tuple[list[Any], bool]:
-        owner = self.handles[await self._owner(tenant, tool)]
-        return await owner.matching_calls.remote(tenant, tool, typed, arguments_key, k)
-
-    async def add_calls(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> int:
-        grouped = await self._by_owner(tenant, sorted({name for name, _ in calls}))
-        stored = await asyncio.gather(*(self.handles[owner].add_calls.remote(
-            tenant, [call for call in calls if call[0] in owned])
-            for owner, owned in grouped.items()))
-        return sum(stored)
-
-    async def stats(self) -> dict[str, Any]:
-        """The parts' stats summed (calls), and how many actors answered."""
-        parts = await asyncio.gather(*(handle.stats.remote() for handle in self.handles))
-        return {"calls": sum(part["calls"] for part in parts), "actors": len(parts),
-                "shards": parts[0]["shards"]}
 
 
 class ModelServer:

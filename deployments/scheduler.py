@@ -1,6 +1,6 @@
 """Batching the requests of one replica: every step, one forward for all of them.
 
-A request is a job (``toolspec.job.DecodeJob``, or a test's scripted one); the
+A request is a job (``toolspec.core.job.DecodeJob``, or a test's scripted one); the
 ``BatchScheduler`` runs a loop on one worker thread (the model is not thread-safe, and the event
 loop must stay free for HTTP and Ray traffic): each turn it hands every active job to the
 engine's ``step`` — one ragged forward over all their rows: draft trees, decoding steps, and
@@ -14,15 +14,16 @@ slot within one step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deployments import metrics
-from toolspec.engine import StepOutcome
-from toolspec.generation import StepEvent
+from toolspec.core.batch import BatchDriver, StepFunction
+from toolspec.core.generation import StepEvent, StepOutcome
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -34,7 +35,6 @@ class Job(Protocol):
         """End the job early (idempotent)."""
 
 
-StepFunction = Callable[[Sequence[Any]], "list[StepOutcome | None]"]
 _END = object()  # the job finished: its last event was delivered
 
 
@@ -51,14 +51,16 @@ class BatchScheduler:
 
     ``step`` runs one step of the jobs it is given (``ChatEngine.step``: how many prompt rows
     a step takes is the engine's setting); ``max_batch``: jobs per step at most (the rest wait
-    their turn, oldest first). Mutates: its set of active jobs; jobs are advanced and closed
-    only on the worker thread.
+    their turn, oldest first). The turns are ``toolspec.core.batch.BatchDriver``'s, the one
+    batch driver the benchmark runs too; this class adds the thread, arrivals from the event
+    loop, and delivery to each request's consumer. Mutates: its set of active jobs; jobs are
+    advanced and closed only on the worker thread.
     """
 
     def __init__(self, step: StepFunction, max_batch: int = 64) -> None:
-        self._step = step
-        self.max_batch = max_batch
-        self._active: list[_Entry] = []
+        self._driver: BatchDriver[Any] = BatchDriver(step, max_batch)
+        self._entries: dict[int, _Entry] = {}  # id(job) -> its entry, for the worker thread
+        self._arrivals: list[_Entry] = []  # guarded by ``_wake``; the worker takes them in
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, name="toolspec-batch", daemon=True)
@@ -67,8 +69,12 @@ class BatchScheduler:
         self.batched = 0  # job-steps run in them
 
     @property
+    def max_batch(self) -> int:
+        return self._driver.max_batch
+
+    @property
     def active(self) -> int:
-        return len(self._active)
+        return len(self._driver) + len(self._arrivals)
 
     async def run(self, job: Job) -> AsyncIterator[StepEvent]:
         """The events of ``job`` as the steps produce them; its failure is raised here.
@@ -77,7 +83,7 @@ class BatchScheduler:
         with self._wake:
             if self._stopping:
                 raise RuntimeError("the scheduler is shut down")
-            self._active.append(entry)
+            self._arrivals.append(entry)
             self._wake.notify()
         try:
             while True:
@@ -93,49 +99,40 @@ class BatchScheduler:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not self._active and not self._stopping:
+                while not self._arrivals and not self._driver and not self._stopping:
                     self._wake.wait()
-                if self._stopping and not self._active:
+                if self._stopping and not self._arrivals and not self._driver:
                     return
-                self._drop_cancelled()
-                batch = self._active[: self.max_batch]
-            if not batch:
+                arrivals, self._arrivals = self._arrivals, []
+            for entry in arrivals:
+                self._entries[id(entry.job)] = entry
+                self._driver.add(entry.job, functools.partial(self._deliver, entry))
+            self._drop_cancelled()
+            if not self._driver:
                 continue
-            try:
-                outcomes = self._step([entry.job for entry in batch])
-            except Exception as error:  # noqa: BLE001 - the step itself broke: fail its jobs
-                logger.exception("a batched step failed")
-                outcomes = [StepOutcome(error=error) for _ in batch]
+            result = self._driver.turn()
             self.steps += 1
-            stepped = sum(outcome is not None for outcome in outcomes)
+            stepped = sum(outcome is not None for outcome in result.outcomes)
             self.batched += stepped
             metrics.record_batch(stepped)
-            finished = [entry for entry, outcome in zip(batch, outcomes)
-                        if self._deliver(entry, outcome)]
-            with self._wake:
-                for entry in finished:
-                    self._active.remove(entry)
-                # Jobs past the batch go first next time (a full batch rotates).
-                if len(self._active) > self.max_batch:
-                    served = [e for e in batch if e in self._active]
-                    self._active = [e for e in self._active if e not in served] + served
-                active = len(self._active)
+            active = len(self._driver)
             metrics.record_queue(min(active, self.max_batch), max(0, active - self.max_batch))
 
     def _drop_cancelled(self) -> None:
-        """Close the jobs whose consumer left. Called with the lock held."""
-        for entry in [e for e in self._active if e.cancelled]:
-            self._active.remove(entry)
+        """Close the jobs whose consumer left."""
+        for job in self._driver.jobs:
+            entry = self._entries[id(job)]
+            if not entry.cancelled:
+                continue
+            self._driver.drop(job)
+            del self._entries[id(job)]
             try:
-                entry.job.close()
+                job.close()
             except Exception:  # noqa: BLE001 - closing a job must not stop the loop
                 logger.exception("closing an abandoned job failed")
 
-    @staticmethod
-    def _deliver(entry: _Entry, outcome: StepOutcome | None) -> bool:
+    def _deliver(self, entry: _Entry, outcome: StepOutcome) -> bool:
         """Hand ``outcome`` to the job's consumer; True when the job is over."""
-        if outcome is None:  # it sat this step out (its prompt waits for rows)
-            return False
         if outcome.error is not None:
             entry.job.close()  # idempotent: a job the engine failed is closed already
         items: list[Any] = [outcome.error] if outcome.error is not None else [outcome.event]
@@ -147,7 +144,9 @@ class BatchScheduler:
                 entry.loop.call_soon_threadsafe(entry.results.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is gone: nobody is listening
             entry.job.close()
-            return True
+            over = True
+        if over:
+            del self._entries[id(entry.job)]
         return over
 
     def shutdown(self) -> None:

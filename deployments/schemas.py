@@ -1,11 +1,12 @@
-"""The HTTP edge: OpenAI chat-completion request bodies and the error object, in pydantic.
+"""The HTTP edge: OpenAI chat-completion request bodies, in pydantic.
 
 Only the shape is checked here; meaning (tool schemas, ``tool_choice`` against ``tools``, the
 model name, limits) is checked in ``admission``. A top-level field this server does not know is
 refused (as the OpenAI API refuses it), never silently ignored; fields it knows but does not
 implement are declared with their neutral value, and ``admission`` refuses any other value.
 Messages and tools stay open: clients echo fields of earlier responses (``refusal``,
-``annotations``) that change nothing.
+``annotations``) that change nothing. The error object answered is built as a plain dict
+(``admission.error_body``).
 """
 
 from __future__ import annotations
@@ -118,13 +119,3 @@ class ChatCompletionRequest(BaseModel):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody

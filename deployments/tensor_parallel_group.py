@@ -15,14 +15,20 @@ from __future__ import annotations
 import logging
 import socket
 from dataclasses import dataclass
+
 import ray
 import torch
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from toolspec.models import LoadedModel, load_model
-from toolspec.tensor_parallel import (ParallelGroup, ShardedTarget, TensorParallelError,
-                                      follow, init_group)
+from toolspec.model.loading import LoadedModel, load_model
+from toolspec.model.tensor_parallel import (
+    ParallelGroup,
+    ShardedTarget,
+    TensorParallelError,
+    follow,
+    init_group,
+)
 
 logger = logging.getLogger(f"ray.serve.{__name__}")
 

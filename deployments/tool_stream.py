@@ -4,12 +4,12 @@ One ``ToolCallStream`` serves both response kinds: streaming feeds each step's t
 of tokens at once) and turns what changed into ``delta`` fragments; a plain response feeds the
 whole text and reads the result. Both therefore agree by construction.
 
-It parses nothing: the replica's one parse of the request's output (``toolspec.output``) says
+It parses nothing: the replica's one parse of the request's output (``toolspec.calls.output``) says
 with each step where the calls lie. A call is announced (index, id, name) once its name is
 complete and its start visible; its ``arguments`` are the model's own JSON text of the
-arguments object, streamed as it is typed. Content is the prose before the first call with the format's
-wrapper (``<tool_call>``, a fence) removed; text that might still open a call is held back
-until it is clear. Text after the first call (separators, closing wrappers) is not content.
+arguments object, streamed as it is typed. Content is the prose before the first call with the
+format's wrapper (``<tool_call>``, a fence) removed; text that might still open a call is held
+back until it is clear. Text after the first call (separators, closing wrappers) is not content.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from toolspec.formats import CallFormat
-from toolspec.output import CallSpan
+from toolspec.calls.formats import CallFormat
+from toolspec.calls.output import CallSpan
 
 # A call may be opened by a wrapper starting with one of these; prose is held from the first.
 _OPENER_CHARS = "<`[{"

@@ -18,11 +18,11 @@ import time
 from collections.abc import Mapping
 
 from opentelemetry import trace
-from opentelemetry.trace import Span
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.trace import Span
 
-from toolspec.engine import StepStats
+from toolspec.core.engine import StepStats
 
 tracer = trace.get_tracer("toolspec.serve")
 

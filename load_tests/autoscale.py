@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "load_tests"))
 from concurrency import RequestRecord, load_sessions, stream_request  # noqa: E402
 
+from toolspec.bench.datasets import apibank_file  # noqa: E402
+
 
 def replica_states(url: str) -> dict[str, int]:
     try:
@@ -49,8 +51,8 @@ def main() -> int:
     parser.add_argument("--tail", type=float, default=180.0, help="seconds at 1 session after")
     parser.add_argument("--peak", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--apibank", type=Path,
-                        default=ROOT.parent / "shared" / "data" / "api-bank" / "level-2.json")
+    parser.add_argument("--apibank", type=apibank_file, default="apibank:level-2",
+                        help="API-Bank dialogues: apibank:level-1, apibank:level-2 or a JSON file")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "autoscale")
     args = parser.parse_args()
     if urllib.parse.urlparse(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):

@@ -49,6 +49,8 @@ from typing import Any
 import httpx
 import yaml
 
+from toolspec.bench.datasets import apibank_file
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "load_tests"))
 from sessions import bfcl_sessions, dialogue_sessions  # noqa: E402
@@ -301,7 +303,7 @@ def plot(levels: dict[str, dict[int, dict[str, Any]]], out: Path) -> None:
 
 
 def goals(levels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
-    """Issue 42's goals at 8 sessions against these figures (both modes with the prefix
+    """The serving goals at 8 sessions against these figures (both modes with the prefix
     cache)."""
     ours, plain = levels.get("toolspec", {}), levels.get("plain", {})
     lines = []
@@ -338,8 +340,8 @@ def main() -> int:
     parser.add_argument("--modes", default="toolspec,plain")
     parser.add_argument("--seconds", type=float, default=90.0, help="per level and mode")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--apibank", type=Path,
-                        default=ROOT.parent / "shared" / "data" / "api-bank" / "level-2.json")
+    parser.add_argument("--apibank", type=apibank_file, default="apibank:level-2",
+                        help="API-Bank dialogues: apibank:level-1, apibank:level-2 or a JSON file")
     parser.add_argument("--apibank-skip", type=int, default=0,
                         help="leave out the first API-Bank items (a tuning part)")
     parser.add_argument("--bfcl", action="append", default=None,

@@ -11,7 +11,7 @@ requests (first turns of the load-test sessions) to 127.0.0.1 while the script
 Reported (printed, and ``results.json`` in ``--out``): per kind of request how many succeeded,
 failed (an HTTP error, or a stream that ended with an error event) or hung (no end within the
 client's timeout); how long each restart took; library calls lost (counted before the kill and
-after the restart). The goals (issue 35): 0 failed non-streaming requests (a request whose
+after the restart). The goals: 0 failed non-streaming requests (a request whose
 replica dies is retried once elsewhere), streams end with an error event never a hang,
 0 committed library calls lost, both restarted. Bounded: about ``--seconds`` of load, every
 request with a timeout.
@@ -40,6 +40,8 @@ import httpx
 import ray
 import yaml
 from ray import serve
+
+from toolspec.bench.datasets import apibank_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "load_tests"))
@@ -204,8 +206,8 @@ def main() -> int:
                         help="load before each kill, and after the last restart")
     parser.add_argument("--timeout-s", type=float, default=180.0, help="per request")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--apibank", type=Path,
-                        default=ROOT.parent / "shared/data/api-bank/level-2.json")
+    parser.add_argument("--apibank", type=apibank_file, default="apibank:level-2",
+                        help="API-Bank dialogues: apibank:level-1, apibank:level-2 or a JSON file")
     parser.add_argument("--out", type=Path, default=ROOT / "results/faults")
     args = parser.parse_args()
     if urlparse(args.url).hostname not in ("127.0.0.1", "localhost"):

@@ -1,6 +1,6 @@
 """Decode-time lookups against the call library served by 1 and by N retrieval actors.
 
-Fills a library with ``--calls`` synthetic calls (``toolspec.library.bench.SyntheticCalls``:
+Fills a library with ``--calls`` synthetic calls (``toolspec.bench.library_bench.SyntheticCalls``:
 64 tenants, ~200 tools, realistic arguments; reused if the directory already holds them), then,
 on a local Ray started here, for each actor count: starts that many ``LibraryService`` actors
 (each owning its part of the shards, as the deployment does), and ``--clients`` concurrent
@@ -9,7 +9,8 @@ while the output types a call) through ``ShardedLibraryRemote`` for ``--seconds`
 lookups per second and latency p50/p99 per actor count; writes ``results.json`` to ``--out``.
 Bounded and local: no network beyond this machine's Ray.
 
-    .venv/bin/python load_tests/library_actors.py --calls 1000000 --actors 1,2 --out results/library-actors
+    .venv/bin/python load_tests/library_actors.py --calls 1000000 --actors 1,2 \\
+        --out results/library-actors
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 
 import ray
 
+from deployments.library_cache import ShardedLibraryRemote
 from deployments.library_service import LibraryService
-from deployments.replica import ShardedLibraryRemote
+from toolspec.bench.library_bench import SyntheticCalls, latency_percentiles
 from toolspec.library import CallLibrary
-from toolspec.library.bench import SyntheticCalls, _percentiles
 from toolspec.library.records import ARGUMENT_KEYS, STYLES
 
 
@@ -76,7 +77,7 @@ async def load(remote: ShardedLibraryRemote, queries: list[tuple[str, str, str]]
 
     await asyncio.gather(*(client(i) for i in range(clients)))
     return {"lookups": len(latencies), "per_s": len(latencies) / seconds,
-            **_percentiles(latencies)}
+            **latency_percentiles(latencies)}
 
 
 def main() -> int:

@@ -27,8 +27,8 @@ import httpx
 
 from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
 from deployments.messages import ChatRequest
-from toolspec.datasets import load_apibank, sample_path
-from toolspec.tools import ToolSet
+from toolspec.bench.datasets import load_apibank, sample_path
+from toolspec.calls.tools import ToolSet
 
 
 def post(url: str, payload: dict[str, Any], session: str, tenant: str | None = None

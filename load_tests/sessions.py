@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolspec.datasets import load_bfcl
-from toolspec.tools import ToolSet
+from toolspec.bench.datasets import load_bfcl
+from toolspec.calls.tools import ToolSet
 
 _RECORD = re.compile(r"<(user|response)>(.*?)</\1>", re.DOTALL)
 

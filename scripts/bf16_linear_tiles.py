@@ -1,4 +1,5 @@
-"""Diagnostic for issue 37: can bf16 linear layers give every row the same bits whatever the row count?
+"""Diagnostic for exact bf16: can bf16 linear layers give every row the same bits whatever the
+row count?
 
 For each linear shape of a model (the default model's by default; random weights of its
 shapes, or ``--model`` to load the real ones) it checks, in bf16 on this CPU:

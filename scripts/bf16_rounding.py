@@ -26,16 +26,20 @@ import torch
 from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from toolspec.datasets import load_dataset
-from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.grouped_attention import (grouped_sdpa_attention, ragged_attention,
-                                        register_ragged_attention)
-from toolspec.models import DEFAULT_MODEL, load_model
-from toolspec.prompts import chat_prompt
-from toolspec.target_model import TargetModel
+from toolspec.bench.datasets import load_dataset
+from toolspec.calls.prompts import chat_prompt
+from toolspec.core.draft_tree import ROOT, DraftTree
+from toolspec.model.attention import (
+    grouped_sdpa_attention,
+    ragged_attention,
+    register_ragged_attention,
+)
+from toolspec.model.loading import load_model
+from toolspec.model.packages import DEFAULT_MODEL
+from toolspec.model.target_model import TargetModel
 
 ROW_BY_ROW = "toolspec_row_by_row_sdpa"
-SAMPLE = "toolspec/datasets/samples/apibank-level1-sample.json"
+SAMPLE = "toolspec/bench/datasets/samples/apibank-level1-sample.json"
 
 
 def row_by_row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -97,7 +101,8 @@ def capture_outputs(model: torch.nn.Module, layers: int) -> tuple[dict[str, torc
     for name, module in model.named_modules():
         if name.startswith(prefixes):
             def record(_module: Any, _inputs: Any, output: Any, name: str = name) -> None:
-                records[name] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+                records[name] = (output[0] if isinstance(output, tuple)
+                                 else output).detach().clone()
             handles.append(module.register_forward_hook(record))
     return records, lambda: [handle.remove() for handle in handles]
 
@@ -177,7 +182,8 @@ def main() -> None:
         if row.shape != one_row.shape:
             continue
         difference = float((row.float() - one_row.float()).abs().max())
-        print(f"  {name:45s} {'bitwise' if torch.equal(row, one_row) else f'differs {difference:.3g}'}")
+        print(f"  {name:45s} "
+              f"{'bitwise' if torch.equal(row, one_row) else f'differs {difference:.3g}'}")
     same = sum(torch.equal(chain_logits[k], step_logits[k]) for k in range(len(tokens)))
     worst = max(float((chain_logits[k].float() - step_logits[k].float()).abs().max())
                 for k in range(len(tokens)))

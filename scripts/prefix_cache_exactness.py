@@ -7,7 +7,7 @@ ToolSpec with a fixed draft budget (``--method``), greedy. fp32 with prepacked l
 bitwise by construction (tests); bf16's matrix kernels round a row by how many rows share its
 call, so the recomputed last block can round apart and flip a near-tie: for each differing
 output the script reports the top-two logit margin where the cold output first differs.
-``--exact-bf16`` runs bf16 with row-independent kernels (issue 37), which must stay identical.
+``--exact-bf16`` runs bf16 with row-independent kernels, which must stay identical.
 
     .venv/bin/python scripts/prefix_cache_exactness.py --data bfcl:multiple --limit 30 --dtype bf16
 
@@ -21,13 +21,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from toolspec.datasets import load_dataset
-from toolspec.engine import Engine, GenerationParams
-from toolspec.models import DEFAULT_MODEL, load_model
-from toolspec.prefix_cache import PrefixCache
-from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.bench.datasets import load_dataset
+from toolspec.bench.observers import MarginRecorder
+from toolspec.calls.prompts import chat_prompt, conversation_text
+from toolspec.core.engine import Engine, GenerationParams
+from toolspec.core.prefix_cache import PrefixCache
+from toolspec.model.loading import load_model
+from toolspec.model.packages import DEFAULT_MODEL
+from toolspec.model.target_model import TargetModel
 from toolspec.registry import DrafterFactory
-from toolspec.target_model import TargetModel
 
 
 def main() -> int:
@@ -48,20 +50,22 @@ def main() -> int:
     cold = Engine(model, loaded.tokenizer, budget=budget)
     cached = Engine(model, loaded.tokenizer, budget=budget,
                     prefix_cache=PrefixCache(model, 1 << 31, model.block_tokens))
-    drafters = DrafterFactory(args.method, loaded.tokenizer, learn=False) \
+    drafters = DrafterFactory(args.method, loaded.tokenizer) \
         if args.method != "ar" else None
-    params = GenerationParams(max_new_tokens=args.max_tokens, record_margins=True)
+    params = GenerationParams(max_new_tokens=args.max_tokens)
     rows: list[dict[str, Any]] = []
     for item in load_dataset(args.data, args.limit, skip=args.skip):
         prompt, call_format = chat_prompt(loaded.tokenizer, item.messages, item.openai_tools)
 
-        def run(engine: Engine, tenant: str) -> Any:
+        def run(engine: Engine, tenant: str, margins: MarginRecorder | None = None) -> Any:
             drafter = drafters.for_request(tenant, item.tools is not None) if drafters else None
             return engine.generate(prompt, drafter, params, tools=item.tools,
                                    call_format=call_format,
-                                   conversation=conversation_text(item.messages), tenant=tenant)
+                                   conversation=conversation_text(item.messages), tenant=tenant,
+                                   observers=(margins,) if margins is not None else ())
 
-        reference = run(cold, "cold")
+        margins = MarginRecorder()
+        reference = run(cold, "cold", margins)
         run(cached, item.id)  # fills the cache with this prompt's blocks
         served = run(cached, item.id)
         differs_at = next((i for i, (a, b) in enumerate(zip(reference.tokens, served.tokens))
@@ -71,9 +75,9 @@ def main() -> int:
         rows.append({"item": item.id, "prompt_tokens": len(prompt),
                      "cached_tokens": served.cached_tokens,
                      "identical": differs_at is None, "first_difference": differs_at,
-                     "margin_there": None if differs_at is None or reference.margins is None
-                     or differs_at >= len(reference.margins)
-                     else round(reference.margins[differs_at], 4)})
+                     "margin_there": None if differs_at is None
+                     or differs_at >= len(margins.margins)
+                     else round(margins.margins[differs_at], 4)})
         print(json.dumps(rows[-1]), flush=True)
     identical = sum(row["identical"] for row in rows)
     summary = {"model": loaded.name, "dtype": args.dtype, "exact_bf16": args.exact_bf16,

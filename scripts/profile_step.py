@@ -30,11 +30,12 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from toolspec import grouped_attention
-from toolspec.datasets import load_dataset
-from toolspec.models import DEFAULT_MODEL, load_model
-from toolspec.prefix_cache import PrefixCache
-from toolspec.prompts import chat_prompt, conversation_text
+from toolspec.bench.datasets import load_dataset
+from toolspec.calls.prompts import chat_prompt, conversation_text
+from toolspec.core.prefix_cache import PrefixCache
+from toolspec.model import attention as grouped_attention
+from toolspec.model.loading import load_model
+from toolspec.model.packages import DEFAULT_MODEL
 from toolspec.registry import DrafterFactory, build_engine
 
 # Operator names by part of the forward (CPU kernels, fp32 and bf16, packed or not).
@@ -214,7 +215,7 @@ def profile_ttft(loaded: Any, engine: Any, drafters: DrafterFactory, item: Any
         opened = time.perf_counter()
         steps = 0
         while not job.done:
-            outcome = engine.step([job])[0]
+            outcome = engine.step([job]).outcomes[0]
             steps += 1
             if outcome.event.tokens:
                 break

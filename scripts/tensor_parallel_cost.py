@@ -1,4 +1,4 @@
-"""Verification forward cost at tensor-parallel size 1 vs N on this machine (issue 36).
+"""Verification forward cost at tensor-parallel size 1 vs N on this machine.
 
 Runs ``measure_cost_curve`` on the whole model in this process, then on the model split over
 N ranks (spawned here; rank 0 measures while the others follow), one after the other — never
@@ -23,14 +23,15 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from toolspec.cost_curve import DEFAULT_SIZES, format_cost_curve, measure_cost_curve
-from toolspec.models import parse_dtype, resolve_model_dir
-from toolspec.target_model import TargetModel
+from toolspec.model.cost_curve import DEFAULT_SIZES, format_cost_curve, measure_cost_curve
+from toolspec.model.loading import parse_dtype
+from toolspec.model.packages import resolve_model_dir
+from toolspec.model.target_model import TargetModel
 
 
 def _rank(rank: int, size: int, port: int, path: str, dtype: str, threads: int,
           sizes: tuple[int, ...], results: Any) -> None:
-    from toolspec.tensor_parallel import ShardedTarget, follow, init_group, load_sharded
+    from toolspec.model.tensor_parallel import ShardedTarget, follow, init_group, load_sharded
 
     torch.set_num_threads(threads)
     group = init_group(rank, size, "127.0.0.1", port, "gloo")

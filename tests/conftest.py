@@ -41,3 +41,11 @@ def ray_serve():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start local Ray (the ``ray_serve`` fixture, or a cluster of their own) are
+    marked ``ray``: ``make test-fast`` leaves them out with the ``real_model`` ones."""
+    for item in items:
+        if "ray_serve" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)

@@ -7,11 +7,16 @@ from collections.abc import Sequence
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, LlamaConfig, PreTrainedModel,
-                          PreTrainedTokenizerFast, Qwen2Config)
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
-from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.drafters.base import DraftRequest
+from toolspec.core.draft_tree import ROOT, DraftTree
+from toolspec.core.drafter import DraftRequest
 
 
 def tiny_model(family: str, vocab_size: int = 96, seed: int = 0) -> PreTrainedModel:

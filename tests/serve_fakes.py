@@ -7,13 +7,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from deployments.chat_engine import ChatStream, EngineSettings
+from deployments.chat_engine import EngineSettings, OpenedRequest
 from deployments.messages import ChatRequest, ReplicaEvent
 from deployments.replica import ModelReplica
-from toolspec.engine import Generation, StepEvent, StepOutcome, StepStats
-from toolspec.formats import get_format
+from toolspec.calls.formats import get_format
+from toolspec.calls.output import OutputParse
+from toolspec.core.engine import Generation, StepEvent, StepOutcome, StepResult, StepStats
 from toolspec.library import CallLibrary
-from toolspec.output import OutputParse
 
 Script = Callable[[ChatRequest], Sequence[str]]
 
@@ -53,17 +53,17 @@ class ScriptedChatEngine:
     def close(self) -> None:
         pass
 
-    def open(self, request: ChatRequest, library: CallLibrary | None) -> ChatStream:
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         self.requests.append(request)
         self.libraries.append(library)
-        return ChatStream(get_format(self.call_format), 11,
+        return OpenedRequest(get_format(self.call_format), 11,
                           ScriptedJob(self._steps(list(self.script(request)))),
                           constrained=request.constrained)
 
-    def step(self, jobs: Sequence[ScriptedJob]) -> list[StepOutcome | None]:
+    def step(self, jobs: Sequence[ScriptedJob]) -> StepResult:
         """One "forward" (``step_s``) for every job: each advances by one piece."""
         time.sleep(self.step_s)
-        return [job.advance() for job in jobs]
+        return StepResult([job.advance() for job in jobs])
 
     def _steps(self, pieces: list[str]) -> Iterator[StepEvent]:
         tokens: list[int] = []

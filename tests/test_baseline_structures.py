@@ -4,16 +4,16 @@ import random
 
 import pytest
 
-from toolspec.draft_tree import ROOT
 from toolspec.bench.baselines.adjacency import (
     TOKEN_RECYCLING_TREE,
     AdjacencyMatrix,
     TreeTemplate,
 )
-from toolspec.drafters.best_first import best_first_tree
 from toolspec.bench.baselines.suffix_automaton import Match, SuffixAutomaton
-from toolspec.drafters.suffix_positions import SuffixPositions
-from toolspec.drafters.suffix_trie import SuffixTrie
+from toolspec.core.draft_tree import ROOT
+from toolspec.drafting.best_first import best_first_tree
+from toolspec.drafting.suffix_positions import SuffixPositions
+from toolspec.drafting.suffix_trie import SuffixTrie
 
 
 def occurs(pattern: list[int], text: list[int]) -> bool:

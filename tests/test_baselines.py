@@ -8,16 +8,17 @@ import torch
 from helpers import ToyTokenizer, tiny_model
 
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.bench.methods import METHODS, MethodSetup
-from toolspec.budget import FixedBudget
-from toolspec.draft_tree import DraftTree
-from toolspec.drafters import Drafter, DraftRequest, PromptLookupDrafter
 from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
 from toolspec.bench.baselines.samd import SamDecodingDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
-from toolspec.logit_feedback import logits_observer
-from toolspec.sampling import SamplingParams
-from toolspec.sim import SimTarget, simulate
+from toolspec.bench.methods import METHODS, MethodSetup
+from toolspec.bench.observers import logits_observer, observers_for
+from toolspec.bench.sim import SimTarget, simulate
+from toolspec.core.budget import FixedBudget
+from toolspec.core.draft_tree import DraftTree
+from toolspec.core.drafter import Drafter, DraftRequest
+from toolspec.core.sampling import SamplingParams
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
 
 VOCAB = 96
 BASELINES = ("samd", "recycling", "suffix")
@@ -66,7 +67,8 @@ def test_baselines_are_lossless_greedy(greedy_runs: Runs, method: str) -> None:
     drafter = baseline(method)
     accepted = 0
     for prompt, plain in runs:
-        speculative = engine.generate(prompt, drafter, params)
+        speculative = engine.generate(prompt, drafter, params,
+                                      observers=observers_for(drafter))
         assert speculative.tokens == plain
         accepted += sum(speculative.accepted_by_source().values())
     assert accepted > 0
@@ -76,7 +78,8 @@ def test_baselines_replay_seeded_sampling(sampled_runs: Runs, method: str) -> No
     engine, params, runs = sampled_runs
     drafter = baseline(method)
     for prompt, plain in runs:
-        assert engine.generate(prompt, drafter, params).tokens == plain
+        assert engine.generate(prompt, drafter, params,
+                               observers=observers_for(drafter)).tokens == plain
 
 
 def test_engine_feeds_top_k_candidates_of_every_verified_row() -> None:
@@ -103,7 +106,8 @@ def test_engine_feeds_top_k_candidates_of_every_verified_row() -> None:
                     stop_token_ids=[])
     recorder = Recorder()
     prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 2
-    generation = engine.generate(prompt, recorder, GenerationParams(max_new_tokens=30))
+    generation = engine.generate(prompt, recorder, GenerationParams(max_new_tokens=30),
+                                 observers=observers_for(recorder))
     assert len(recorder.fed) == len(generation.steps) + 1  # the prefill's forward, then each step
     context = list(prompt)
     for (tokens, top_k), tree, emitted in zip(recorder.fed, recorder.proposed, recorder.emitted,
@@ -184,7 +188,7 @@ def test_suffix_drafts_after_a_context_not_yet_emitted_without_changing() -> Non
     """``propose_after`` reads only the context it is given: after a hypothetical continuation
     (a draft's leaf) it drafts what the request's own text says follows there, and the
     drafter's next real proposal is what it would have been."""
-    from toolspec.drafters.base import ContextDrafter, context_drafter
+    from toolspec.core.drafter import ContextDrafter, context_drafter
 
     drafter = SuffixDecodingDrafter()
     assert context_drafter(drafter) is drafter and isinstance(drafter, ContextDrafter)

@@ -13,11 +13,11 @@ import torch
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 
 from toolspec import Engine, GenerationParams, SamplingParams, TargetModel
-from toolspec.draft_tree import DraftTree
-from toolspec.drafters import PromptLookupDrafter
-from toolspec.drafters.base import DraftRequest, NoDrafter
-from toolspec.packed_linear import pack_linear_layers, packing_available
-from toolspec.target_model import SequenceRows
+from toolspec.core.draft_tree import DraftTree
+from toolspec.core.drafter import DraftRequest, NoDrafter
+from toolspec.core.forward import SequenceRows
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.model.packed_linear import pack_linear_layers, packing_available
 
 VOCAB = 96
 pytestmark = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),
@@ -117,7 +117,7 @@ def test_prompt_chunks_share_the_step_budget_and_decoding_goes_on_beside_them() 
     shorts_before_long_starts = 0
     while not long_job.done or not short_job.done:
         live = [job for job in (long_job, short_job) if not job.done]
-        outcomes = engine.step(live, step_rows=12)
+        outcomes = engine.step(live, step_rows=12).outcomes
         if short_job in live and long_job.prefilling and outcomes[live.index(short_job)]:
             shorts_before_long_starts += bool(outcomes[live.index(short_job)].event.tokens)
     assert shorts_before_long_starts >= 5  # the short request decoded while the long prefilled
@@ -149,8 +149,8 @@ def test_a_failing_request_fails_alone_and_the_batch_goes_on() -> None:
 
 @pytest.mark.real_model
 def test_smollm2_batched_greedy_outputs_equal_each_alone() -> None:
-    from toolspec.models import load_model
-    from toolspec.prompts import chat_prompt
+    from toolspec.calls.prompts import chat_prompt
+    from toolspec.model.loading import load_model
     loaded = load_model("smollm2-135m", "fp32")
     model = TargetModel(loaded.model)
     engine = Engine(model, loaded.tokenizer, budget=8, step_rows=32)

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolspec.machine import describe_machine
+from toolspec.bench.datasets import DatasetFormatError, load_apibank, sample_path
+from toolspec.bench.main import main
 from toolspec.bench.methods import UnknownMethodError, parse_methods
 from toolspec.bench.run import first_difference, linear_kernels
-from toolspec.cli import main
-from toolspec.datasets import DatasetFormatError, load_apibank, sample_path
+from toolspec.model.machine import describe_machine
 
 
 def test_methods_always_start_with_the_reference() -> None:
@@ -36,9 +36,10 @@ def test_a_method_may_carry_a_fixed_budget_of_its_own() -> None:
 def test_engines_of_a_run_size_trees_by_the_run_budget_or_their_own() -> None:
     import torch
     from helpers import ToyTokenizer, tiny_model
+
     from toolspec.bench.run import build_engines
-    from toolspec.budget import CostAwareBudget, CostModel, FixedBudget
-    from toolspec.models import LoadedModel
+    from toolspec.core.budget import CostAwareBudget, CostModel, FixedBudget
+    from toolspec.model.loading import LoadedModel
 
     loaded = LoadedModel("tiny", tiny_model("qwen2", vocab_size=64), ToyTokenizer(),  # type: ignore[arg-type]
                          torch.float32, torch.device("cpu"))
@@ -106,7 +107,7 @@ def test_report_runs_its_data_sets_then_writes_the_page(tmp_path: Path, capsys) 
 def test_report_exact_bf16_runs_apart_with_its_own_methods(tmp_path: Path, capsys) -> None:
     """``--exact-bf16 --methods``: the config's data sets with other methods and exact bf16,
     into folders and a page of their own (they round apart from default bf16 runs)."""
-    from toolspec.packed_linear import exact_tiles_available
+    from toolspec.model.packed_linear import exact_tiles_available
 
     config = tmp_path / "report.toml"
     config.write_text(f'model = "smollm2-135m"\ndtype = "bf16"\nmethods = "ar,pld,suffix"\n'
@@ -146,7 +147,7 @@ def test_bench_cli_writes_the_documented_results(tmp_path: Path, capsys) -> None
     assert results["methods"]["ar"]["mat"] == 1.0
     assert results["methods"]["ar"]["decode_speedup"] == 1.0
     # The auto budget's curve is recorded, and a replay can size its trees to it.
-    from toolspec.budget import CostModel
+    from toolspec.core.budget import CostModel
     assert results["cost_curve"]["1"] == 1.0
     assert CostModel.load(tmp_path / "results.json").cost(64) == results["cost_curve"]["64"]
     # The uncapped oracle's whole output rides on the prompt's forward: prefill's tokens, so

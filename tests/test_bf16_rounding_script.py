@@ -8,8 +8,9 @@ from types import ModuleType
 
 import torch
 from helpers import tiny_model
+
 from toolspec import TargetModel
-from toolspec.draft_tree import DraftTree
+from toolspec.core.draft_tree import DraftTree
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bf16_rounding.py"
 VOCAB = 96
@@ -53,7 +54,7 @@ def test_linear_row_groups_partition_the_row_counts() -> None:
 
 def test_the_linear_tile_diagnostic_runs_and_reports_both_kernels(tmp_path: Path) -> None:
     """scripts/bf16_linear_tiles.py on a small shape: the report has both kernels, and a
-    fixed tile computes each row from that row alone (what issue 37's fix would rest on)."""
+    fixed tile computes each row from that row alone (what exact bf16 rests on)."""
     spec = importlib.util.spec_from_file_location(
         "bf16_linear_tiles", SCRIPT.parent / "bf16_linear_tiles.py")
     assert spec is not None and spec.loader is not None

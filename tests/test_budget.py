@@ -2,9 +2,14 @@ import json
 
 import pytest
 
-from toolspec.budget import (AcceptanceCalibration, CostAwareBudget, CostCurveFileError,
-                             CostModel, FixedBudget)
-from toolspec.draft_tree import ROOT, DraftTree, WeightedDraft
+from toolspec.core.budget import (
+    AcceptanceCalibration,
+    CostAwareBudget,
+    CostCurveFileError,
+    CostModel,
+    FixedBudget,
+)
+from toolspec.core.draft_tree import ROOT, DraftTree, WeightedDraft
 
 
 def test_cost_curves_load_from_curve_files_and_bench_results(tmp_path) -> None:
@@ -52,7 +57,8 @@ def chain(length: int, prior: float, source: str = "s") -> DraftTree:
 
 
 def test_cheap_verification_takes_long_likely_chains() -> None:
-    budget = CostAwareBudget(CostModel.linear(0.01), calibration=AcceptanceCalibration(smoothing=1e9))
+    budget = CostAwareBudget(CostModel.linear(0.01),
+                             calibration=AcceptanceCalibration(smoothing=1e9))
     assert len(budget.select(chain(40, 0.99))) == 40
 
 
@@ -109,7 +115,8 @@ def test_selection_is_always_a_connected_subtree() -> None:
         WeightedDraft((7, 8), ("t", "t"), (0.4, 0.35)),
     ]
     tree = DraftTree.from_weighted(drafts)
-    budget = CostAwareBudget(CostModel.linear(0.05), calibration=AcceptanceCalibration(smoothing=1e9))
+    budget = CostAwareBudget(CostModel.linear(0.05),
+                             calibration=AcceptanceCalibration(smoothing=1e9))
     selected = budget.select(tree)
     assert all(parent == ROOT or parent < index for index, parent in enumerate(selected.parents))
     assert len(selected) == len(tree)
@@ -152,8 +159,9 @@ def test_cost_curve_times_every_size_once_per_round() -> None:
     machine falls on one sample of many sizes, not on every sample of one; the cache is left
     as the prefix after each forward."""
     from helpers import tiny_model
-    from toolspec.cost_curve import measure_cost_curve
-    from toolspec.target_model import TargetModel
+
+    from toolspec.model.cost_curve import measure_cost_curve
+    from toolspec.model.target_model import TargetModel
 
     class RecordingModel(TargetModel):
         def __init__(self) -> None:
@@ -181,8 +189,9 @@ def test_processes_sharing_a_machine_measure_its_cost_curve_once(tmp_path, monke
 
     import torch
     from helpers import tiny_model
-    from toolspec import cost_curve
-    from toolspec.models import LoadedModel
+
+    from toolspec.model import cost_curve
+    from toolspec.model.loading import LoadedModel
 
     monkeypatch.setenv("TOOLSPEC_HOME", str(tmp_path))
     measured: list[int] = []
@@ -212,7 +221,7 @@ def test_processes_sharing_a_machine_measure_its_cost_curve_once(tmp_path, monke
 
 
 def test_the_row_budget_is_where_a_rows_cost_stops_falling() -> None:
-    from toolspec.budget import rows_per_step
+    from toolspec.core.budget import rows_per_step
 
     # A row costs 0.094, 0.078, 0.047, 0.044 of a one-row step at 32, 64, 128, 256 rows.
     curve = CostModel.from_timings({1: 1.0, 32: 3.0, 64: 5.0, 128: 6.0, 256: 11.2})

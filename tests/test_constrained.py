@@ -10,17 +10,21 @@ import jsonschema
 import pytest
 from helpers import ScriptedDrafter, tiny_model, toy_fast_tokenizer
 
-from toolspec.drafters.base import NoDrafter
-from toolspec.drafters.prompt_lookup import PromptLookupDrafter
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.engine import Engine, GenerationParams
-from toolspec.formats import get_format
-from toolspec.grammar_masks import GrammarCompiler
-from toolspec.sampling import SamplingParams
-from toolspec.target_model import TargetModel
-from toolspec.tool_grammar import (UnconstrainableToolError, check_constrainable, closed_schema,
-                                   tool_call_grammar)
-from toolspec.tools import ToolSet
+from toolspec.calls.formats import get_format
+from toolspec.calls.tool_grammar import (
+    UnconstrainableToolError,
+    check_constrainable,
+    closed_schema,
+    tool_call_grammar,
+)
+from toolspec.calls.tools import ToolSet
+from toolspec.core.drafter import NoDrafter
+from toolspec.core.engine import Engine, GenerationParams
+from toolspec.core.grammar_masks import GrammarCompiler
+from toolspec.core.sampling import SamplingParams
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.schema import SchemaDrafter
+from toolspec.model.target_model import TargetModel
 
 TOOLS = ToolSet.from_functions([
     {"name": "get_weather", "parameters": {
@@ -214,8 +218,8 @@ def test_masks_cover_logits_wider_than_the_tokenizer(tokenizer) -> None:
 def test_real_model_required_call_is_valid_and_speculation_changes_nothing() -> None:
     """SmolLM2-135M (real weights, not a tool caller) under ``required``: a valid call, and
     the same tokens with schema drafting as without."""
-    from toolspec.models import load_model
-    from toolspec.prompts import chat_prompt
+    from toolspec.calls.prompts import chat_prompt
+    from toolspec.model.loading import load_model
 
     loaded = load_model("smollm2-135m", "float32")
     model = TargetModel(loaded.model)
@@ -258,7 +262,7 @@ def test_forced_calls_may_be_bare_and_end_after_a_little_whitespace(compiler, to
 
 
 def test_a_response_format_answer_follows_its_schema(compiler, tokenizer) -> None:
-    from toolspec.tool_grammar import answer_grammar
+    from toolspec.calls.tool_grammar import answer_grammar
     schema = {"type": "object", "properties": {"t": {"type": "integer"}}, "required": ["t"]}
     lark = answer_grammar(schema)
     assert accepts(compiler, tokenizer, lark, '{\n  "t": 3\n}\n') == (True, True)

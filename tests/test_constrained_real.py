@@ -11,14 +11,14 @@ from typing import Any
 import jsonschema
 import pytest
 from fastapi.testclient import TestClient
+from serve_fakes import LocalModelClient
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
 from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
 from deployments.messages import ChatRequest
 from deployments.replica import ModelReplica
-from serve_fakes import LocalModelClient
-from toolspec.drafters.base import Drafter, NoDrafter
+from toolspec.core.drafter import Drafter, NoDrafter
 from toolspec.library import CallLibrary
 
 pytestmark = pytest.mark.real_model

@@ -1,6 +1,6 @@
 """ConversationValues: a conversation's argument values, ranked per parameter (pure text)."""
 
-from toolspec.drafters.conversation_values import ConversationValues, is_written_number
+from toolspec.drafting.conversation_values import ConversationValues, is_written_number
 
 CONVERSATION = ("<user>My username is Kim99. The appointment ID is 34567890. "
                 "I need 2 rooms for 3.5 nights at the \"Grand Hotel\" on 2023-05-04.</user>")

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from toolspec.datasets import DatasetFormatError, load_dataset
-from toolspec.datasets import bfcl, nestful
+from toolspec.bench.datasets import DatasetFormatError, bfcl, load_dataset, nestful
 
 BFCL_COUNTS = {
     "simple_python": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200,
@@ -101,7 +100,7 @@ def test_nestful_file_relabels_calls_and_uses_its_spec(tmp_path: Path) -> None:
 
 
 def test_a_users_requests_load_as_items_with_their_tools_and_expected_calls(tmp_path) -> None:
-    from toolspec.datasets import load_dataset
+    from toolspec.bench.datasets import load_dataset
 
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -130,3 +129,16 @@ def test_a_users_requests_load_as_items_with_their_tools_and_expected_calls(tmp_
     path.write_text('{"messages": "no"}\n')
     with pytest.raises(DatasetFormatError, match="traffic.jsonl:1"):
         load_dataset(str(path))
+
+
+def test_the_api_bank_sets_ship_with_the_package() -> None:
+    from toolspec.bench.datasets import apibank_file
+
+    level_1 = load_dataset("apibank:level-1")
+    level_2 = load_dataset("apibank:level-2", limit=3, skip=1)
+    assert len(level_1) == 399 and len(level_2) == 3
+    assert level_1[0].reference_calls and level_1[0].tools
+    assert apibank_file("apibank:level-2").is_file()
+    assert apibank_file("some/file.json").as_posix() == "some/file.json"
+    with pytest.raises(DatasetFormatError, match="apibank:level-1, apibank:level-2"):
+        load_dataset("apibank:level-3")

@@ -2,13 +2,19 @@
 
 import pytest
 
-from toolspec.drafters.call_grammar import CallGrammar
-from toolspec.drafters.text_drafts import DATE
-from toolspec.drafters.date_values import (DateMention, DateValue, find_date_mentions,
-                                           mentions_written, render, value_patterns)
-from toolspec.drafters.style import StyleMemory
-from toolspec.formats import DEFAULT_STYLE, get_format
-from toolspec.tools import ToolSet
+from toolspec.calls.formats import DEFAULT_STYLE, get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.drafting.call_grammar import CallGrammar
+from toolspec.drafting.date_values import (
+    DateMention,
+    DateValue,
+    find_date_mentions,
+    mentions_written,
+    render,
+    value_patterns,
+)
+from toolspec.drafting.style import StyleMemory
+from toolspec.drafting.text_drafts import DATE
 
 DATE_TIME = "%Y-%m-%d %H:%M:%S"
 
@@ -25,7 +31,8 @@ def fields(mention: DateMention) -> tuple:
     ("the time is 2023-08-06 09:00:00 and", [(2023, 8, 6, 9, 0)]),
     ("Sept. 3 at noon", [(None, 9, 3, 12, 0)]),
     ("on Feb 30 at 5pm", [(None, None, None, 17, 0)]),  # no such day: the time alone
-    ("On May 20th, 2023. Later, at 10:15.", [(2023, 5, 20, None, None), (None, None, None, 10, 15)]),
+    ("On May 20th, 2023. Later, at 10:15.",
+     [(2023, 5, 20, None, None), (None, None, None, 10, 15)]),
     ("I may 5 times ask", [(None, 5, 5, None, None)]),  # a word that spells a month counts
     ("no dates here, only 42 and 13:99", []),
 ])

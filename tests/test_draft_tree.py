@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from toolspec.draft_tree import ROOT, DraftTree
+from toolspec.core.draft_tree import ROOT, DraftTree
 
 
 def test_trie_merges_shared_prefixes_and_keeps_first_source() -> None:
@@ -110,7 +110,7 @@ def test_invalid_trees_are_rejected(tokens, parents, sources) -> None:
 
 
 def test_weighted_candidates_sum_mass_and_keep_the_heaviest_nodes() -> None:
-    from toolspec.draft_tree import WeightedDraft
+    from toolspec.core.draft_tree import WeightedDraft
 
     a = WeightedDraft((1, 2, 3), ("s", "s", "s"), (0.5, 0.5, 0.4))
     b = WeightedDraft((1, 4), ("s", "t"), (0.5, 0.25))
@@ -125,7 +125,7 @@ def test_weighted_candidates_sum_mass_and_keep_the_heaviest_nodes() -> None:
 def test_candidates_sharing_a_choice_chain_count_once_in_its_mass() -> None:
     """Two values after one parameter name both pass through that name: one event there, so
     the name's mass is its own probability and each value's prior is its share of it."""
-    from toolspec.draft_tree import WeightedDraft
+    from toolspec.core.draft_tree import WeightedDraft
 
     name, value_a, value_b = hash("name"), hash("a"), hash("b")
     bare = WeightedDraft((1, 2), ("s", "s"), (1.0, 1.0), (name, name))
@@ -134,13 +134,14 @@ def test_candidates_sharing_a_choice_chain_count_once_in_its_mass() -> None:
     tree = DraftTree.from_weighted([bare, a, b])
     assert tree.priors == pytest.approx((1.0, 1.0, 0.5, 0.25))
     # Without choice chains every candidate is its own event: the name's mass triples.
-    plain = DraftTree.from_weighted([WeightedDraft(d.tokens, d.sources, d.reach) for d in (bare, a, b)])
+    plain = DraftTree.from_weighted([WeightedDraft(d.tokens, d.sources, d.reach)
+                                     for d in (bare, a, b)])
     assert plain.priors[2] == pytest.approx(0.5 / 3)
 
 
 def test_an_option_never_outweighs_its_parent() -> None:
     """Shares past 1 (two chains through one child) are capped, keeping pruned trees connected."""
-    from toolspec.draft_tree import WeightedDraft
+    from toolspec.core.draft_tree import WeightedDraft
 
     a = WeightedDraft((1, 2), ("s", "s"), (0.5, 0.5), (1, 2))
     b = WeightedDraft((1, 2, 3), ("s", "s", "s"), (0.5, 0.5, 0.5), (1, 3, 4))

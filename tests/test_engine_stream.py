@@ -3,9 +3,10 @@
 import random
 
 from helpers import ToyTokenizer, tiny_model
+
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.drafters import OracleDrafter
-from toolspec.engine import Generation, StepEvent
+from toolspec.bench.baselines.oracle import OracleDrafter
+from toolspec.core.engine import Generation, StepEvent
 
 VOCAB = 96
 
@@ -97,7 +98,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding_with_an_empty_even
         job = engine.start(prompt, drafter, params)
         events = []
         while not job.done:
-            outcome = engine.step([other, job])[1]
+            outcome = engine.step([other, job]).outcomes[1]
             events.append(outcome.event)
         chunks = [e for e in events if not e.tokens and e.generation is None]
         assert len(chunks) == 4 and events[:4] == chunks  # 5+5+5+5 tokens, then 3 with the tree
@@ -110,9 +111,11 @@ def test_with_nobody_decoding_the_first_prompt_runs_whole_and_the_others_wait() 
     engine.model.block_tokens = engine.block_tokens = 4
     engine.step_rows = 4
     events = list(engine.stream(list(range(1, 41)), None, GenerationParams(max_new_tokens=3)))
-    assert events[0].tokens and engine.last_step is not None
+    assert events[0].tokens
     assert len(events) == 3  # the prefill's token, then two steps: no empty chunk events
     params = GenerationParams(max_new_tokens=3)
     first, second = (engine.start(list(range(n, n + 40)), None, params) for n in (1, 50))
-    outcomes = engine.step([first, second])
+    result = engine.step([first, second])
+    outcomes = result.outcomes
     assert outcomes[0].event.tokens and outcomes[1] is None  # one prompt's forward, not two
+    assert result.report is not None and result.report.jobs == 1 and result.report.waiting == 1

@@ -1,4 +1,4 @@
-"""Exact bf16 (issue 37): a generated token's logits do not depend on the forward it is
+"""Exact bf16: a generated token's logits do not depend on the forward it is
 verified in, so speculative decoding reproduces plain decoding bitwise in bf16 too."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import random
 
 import pytest
 import torch
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from torch import nn
 from transformers import DynamicCache
 
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.draft_tree import DraftTree
-from toolspec.models import use_exact_bf16
-from toolspec.packed_linear import EXACT_TILE_ROWS, PackedLinear, exact_tiles_available
-from toolspec.target_model import SequenceRows
+from toolspec.core.draft_tree import DraftTree
+from toolspec.core.forward import SequenceRows
+from toolspec.model.loading import use_exact_bf16
+from toolspec.model.packed_linear import EXACT_TILE_ROWS, PackedLinear, exact_tiles_available
 
 VOCAB = 96
 pytestmark = pytest.mark.skipif(not exact_tiles_available(torch.device("cpu"), torch.bfloat16),
@@ -134,7 +134,7 @@ def test_every_row_count_to_64_and_a_mixed_batch_give_each_row_its_one_row_bits(
 
 @pytest.mark.real_model
 def test_smollm2_rows_of_trees_and_mixed_batches_are_bitwise_one_row_steps() -> None:
-    from toolspec.models import load_model
+    from toolspec.model.loading import load_model
 
     loaded = load_model("smollm2-135m", "bf16", exact_bf16=True)
     assert loaded.exact_bf16

@@ -1,7 +1,14 @@
 import pytest
 
-from toolspec.formats import (COMPACT_STYLE, FORMATS, CallState, ToolCall, UnknownFormatError,
-                              detect_format, get_format)
+from toolspec.calls.formats import (
+    COMPACT_STYLE,
+    FORMATS,
+    CallState,
+    ToolCall,
+    UnknownFormatError,
+    detect_format,
+    get_format,
+)
 
 CALLS = [ToolCall("get_weather", {"city": "Paris", "days": 3}),
          ToolCall("book", {"note": 'say "hi"\\n', "ok": True, "tags": ["a", {"b": None}]})]
@@ -17,8 +24,10 @@ def test_render_then_parse_round_trips(name: str) -> None:
 
 def test_canonical_renderings() -> None:
     one = [ToolCall("f", {"a": 1})]
-    assert get_format("hermes").render(one) == '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
-    assert get_format("apibank").render(one) == '```<tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>\n```'
+    assert get_format("hermes").render(one) == (
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>')
+    assert get_format("apibank").render(one) == (
+        '```<tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>\n```')
     assert get_format("llama3_json").render(one) == '{"name": "f", "parameters": {"a": 1}}'
     assert get_format("json").render(one, COMPACT_STYLE) == '{"name":"f","arguments":{"a":1}}'
 
@@ -33,9 +42,11 @@ def test_json_format_accepts_fences_prose_and_lists() -> None:
 
 
 def test_detection() -> None:
-    assert detect_format('Output ```<tool_call>\n{"name": ..., "parameters": ...}').name == "apibank"
+    assert detect_format(
+        'Output ```<tool_call>\n{"name": ..., "parameters": ...}').name == "apibank"
     assert detect_format("<tools>...</tools> <tool_call>").name == "hermes"
-    assert detect_format("plain", chat_template="{% if tools %}<tool_call>{% endif %}").name == "hermes"
+    assert detect_format("plain",
+                         chat_template="{% if tools %}<tool_call>{% endif %}").name == "hermes"
     assert detect_format("plain", chat_template="ipython").name == "llama3_json"
     assert detect_format("plain").name == "json"
     with pytest.raises(UnknownFormatError, match="available"):
@@ -98,7 +109,8 @@ def test_unicode_and_escapes_in_values() -> None:
 
 def test_empty_arguments_and_malformed_output() -> None:
     fmt = get_format("hermes")
-    assert fmt.parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>') == [ToolCall("f", {})]
+    assert (fmt.parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+            == [ToolCall("f", {})])
     scanner = fmt.scanner()
     scanner.feed('<tool_call>\n{"name": "f", "arguments": {"a": oops')
     assert scanner.state is CallState.TEXT  # off-format: the object is abandoned
@@ -139,12 +151,12 @@ def test_qwen_coder_style_fenced_json_with_preamble() -> None:
 
 
 def test_indented_style_gaps_match_json_dumps() -> None:
-    from toolspec.formats import INDENTED_STYLE as style
+    from toolspec.calls.formats import INDENTED_STYLE as style
 
     call = {"name": "f", "arguments": {"a": 1, "b": "x"}}
     expected = (style.opening_gap(1) + '"name": "f"' + style.separator(1) + '"arguments": {'
                 + style.opening_gap(2) + '"a": 1' + style.separator(2) + '"b": "x"'
                 + style.closing_gap(2) + "}" + style.closing_gap(1) + "}")
     assert "{" + expected == style.dumps(call)
-    assert get_format("hermes").parse(get_format("hermes").render([ToolCall("f", {"a": 1})], style)) \
-        == [ToolCall("f", {"a": 1})]
+    assert get_format("hermes").parse(
+        get_format("hermes").render([ToolCall("f", {"a": 1})], style)) == [ToolCall("f", {"a": 1})]

@@ -4,12 +4,12 @@ import random
 
 import pytest
 import torch
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.draft_tree import DraftTree
-from toolspec.grouped_attention import GROUPED_SDPA, STOCK_SDPA, use_grouped_tree_attention
+from toolspec.core.draft_tree import DraftTree
+from toolspec.model.attention import GROUPED_SDPA, STOCK_SDPA, use_grouped_tree_attention
 
 VOCAB = 96
 

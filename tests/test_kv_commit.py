@@ -3,11 +3,11 @@
 import random
 
 import torch
-
 from helpers import tiny_model
+
 from toolspec import DraftTree, TargetModel
-from toolspec.target_model import commit_path
-from toolspec.verify import AcceptedPath
+from toolspec.core.verify import AcceptedPath
+from toolspec.model.target_model import commit_path
 
 
 def test_commit_equals_token_by_token_cache(tiny_family: str) -> None:

@@ -11,18 +11,31 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, FORMATS, INDENTED_STYLE, JsonStyle,
-                              ToolCall)
-from toolspec.library import (CallLibrary, InvalidCallError, InvalidTenantError,
-                              LibraryClosedError, LibraryImportError, NotALibraryError,
-                              SettingMismatchError, ShardCountMismatchError,
-                              UnsupportedStyleError)
+from toolspec.calls.formats import (
+    COMPACT_STYLE,
+    DEFAULT_STYLE,
+    FORMATS,
+    INDENTED_STYLE,
+    JsonStyle,
+    ToolCall,
+)
+from toolspec.library import (
+    CallLibrary,
+    InvalidCallError,
+    InvalidTenantError,
+    LibraryClosedError,
+    LibraryImportError,
+    NotALibraryError,
+    SettingMismatchError,
+    ShardCountMismatchError,
+    UnsupportedStyleError,
+)
 from toolspec.library.cli import add_library_commands
 from toolspec.library.keys import MAX_KEY, encode_score, shard_of
 from toolspec.library.query import successor
 from toolspec.library.records import unpack_record
 
-SAMPLE = Path(__file__).parents[1] / "toolspec/datasets/samples/apibank-level1-sample.json"
+SAMPLE = Path(__file__).parents[1] / "toolspec/bench/datasets/samples/apibank-level1-sample.json"
 WEATHER = ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})
 
 

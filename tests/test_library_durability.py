@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary
 
 ROOT = Path(__file__).parents[1]
@@ -20,7 +20,7 @@ import sys, time, types
 package = types.ModuleType("toolspec")
 package.__path__ = [{str(ROOT / "toolspec")!r}]
 sys.modules["toolspec"] = package
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary
 """
 

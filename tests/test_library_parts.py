@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from deployments.library_cache import ShardedLibraryRemote
 from deployments.library_service import LibraryService
-from deployments.replica import ShardedLibraryRemote
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary, ShardNotOwnedError
 from toolspec.library.keys import shard_of
 

@@ -4,10 +4,12 @@ import random
 
 import pytest
 import torch
-
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
+
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.drafters import OracleDrafter, PromptLookupDrafter
+from toolspec.bench.baselines.oracle import OracleDrafter
+from toolspec.bench.observers import MarginRecorder
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
 
 VOCAB = 96
 
@@ -94,14 +96,15 @@ def test_max_new_tokens_is_exact(engine: Engine) -> None:
         assert len(oracle.tokens) == limit and oracle.tokens == plain.tokens
 
 
-def test_margins_are_recorded_per_token(engine: Engine) -> None:
+def test_an_observer_outside_the_loop_records_a_margin_per_token(engine: Engine) -> None:
     prompt = random_prompt(random.Random(6))
-    params = GenerationParams(max_new_tokens=20, record_margins=True)
-    plain = engine.generate(prompt, None, params)
-    oracle = engine.generate(prompt, OracleDrafter(plain.tokens), params)
-    assert plain.margins is not None and len(plain.margins) == len(plain.tokens)
-    assert oracle.margins == pytest.approx(plain.margins, abs=1e-4)
-    assert min(plain.margins) > 0
+    params = GenerationParams(max_new_tokens=20)
+    plain_margins, oracle_margins = MarginRecorder(), MarginRecorder()
+    plain = engine.generate(prompt, None, params, observers=(plain_margins,))
+    engine.generate(prompt, OracleDrafter(plain.tokens), params, observers=(oracle_margins,))
+    assert len(plain_margins.margins) == len(plain.tokens)
+    assert oracle_margins.margins == pytest.approx(plain_margins.margins, abs=1e-4)
+    assert min(plain_margins.margins) > 0
 
 
 def test_plain_decoding_is_one_token_per_step(engine: Engine) -> None:

@@ -5,15 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolspec.models import (
+from toolspec.model.loading import load_model, parse_dtype
+from toolspec.model.packages import (
     REGISTRY,
     ModelHashMismatchError,
     ModelPackageMissingError,
     PackagedModel,
     UnknownModelError,
     converted_dir,
-    load_model,
-    parse_dtype,
 )
 
 SMOL = REGISTRY["smollm2-135m"]

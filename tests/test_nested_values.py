@@ -1,12 +1,12 @@
 """Object and array arguments drafted from the schema inside them (pure text, toy schemas)."""
 
-from toolspec.drafters.call_grammar import CallGrammar
-from toolspec.drafters.nested_values import NestedValueGrammar, Typing
-from toolspec.drafters.text_drafts import ELEMENT
-from toolspec.formats import DEFAULT_STYLE, INDENTED_STYLE, NestedAnchor, get_format
-from toolspec.tools import ToolSet
-
 from test_value_candidates import drafts_from
+
+from toolspec.calls.formats import DEFAULT_STYLE, INDENTED_STYLE, NestedAnchor, get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.drafting.call_grammar import CallGrammar
+from toolspec.drafting.nested_values import NestedValueGrammar, Typing
+from toolspec.drafting.text_drafts import ELEMENT
 
 PROPERTIES = {
     "point": {"type": "array", "items": {"type": "integer"}},

@@ -1,7 +1,7 @@
 import pytest
-
 from test_value_candidates import drafts_from, one_tool
-from toolspec.drafters.number_values import StatedNumber, stated_numbers
+
+from toolspec.drafting.number_values import StatedNumber, stated_numbers
 
 
 def values(text: str) -> list[str]:

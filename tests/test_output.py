@@ -9,14 +9,14 @@ import random
 import pytest
 from helpers import ToyTokenizer, tiny_model
 
-from toolspec.drafters.base import DraftRequest, NoDrafter
-from toolspec.engine import Engine, GenerationParams
-from toolspec.formats import get_format
-from toolspec.models import load_tokenizer
-from toolspec.output import IncrementalDetokenizer, OutputParse, RequestOutput
-from toolspec.stopping import StopScanner
-from toolspec.target_model import TargetModel
-from toolspec.tools import ToolSet
+from toolspec.calls.formats import get_format
+from toolspec.calls.output import IncrementalDetokenizer, OutputParse, RequestOutput
+from toolspec.calls.tools import ToolSet
+from toolspec.core.drafter import DraftRequest, NoDrafter
+from toolspec.core.engine import Engine, GenerationParams
+from toolspec.core.stopping import StopScanner
+from toolspec.model.packages import load_tokenizer
+from toolspec.model.target_model import TargetModel
 
 TEXTS = [
     'Sure! <tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',

@@ -4,12 +4,12 @@ import random
 
 import pytest
 import torch
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from torch import nn
 
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.cli import build_parser
-from toolspec.packed_linear import PackedLinear, pack_linear_layers, packing_available
+from toolspec.bench.main import build_parser
+from toolspec.model.packed_linear import PackedLinear, pack_linear_layers, packing_available
 
 needs_onednn = pytest.mark.skipif(not packing_available(torch.device("cpu"), torch.float32),
                                   reason="packed weights need a CPU build of torch with oneDNN")

@@ -1,4 +1,4 @@
-"""The prefix cache (issue 42): prompt blocks shared by a tenant's requests, taken instead of
+"""The prefix cache: prompt blocks shared by a tenant's requests, taken instead of
 computed — exactly: in fp32 a request served from a partly cached prompt gives bitwise the
 logits, keys and output of a cold prefill, alone or batched, however its prompt was chunked;
 tenants never share a block; a full cache evicts, never fails a request."""
@@ -13,11 +13,15 @@ import torch
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 
 from toolspec import Engine, GenerationParams, SamplingParams, TargetModel
-from toolspec.drafters import PromptLookupDrafter
-from toolspec.drafters.base import NoDrafter
-from toolspec.models import use_exact_bf16
-from toolspec.packed_linear import exact_tiles_available, pack_linear_layers, packing_available
-from toolspec.prefix_cache import PrefixCache, block_keys
+from toolspec.core.drafter import NoDrafter
+from toolspec.core.prefix_cache import PrefixCache, block_keys
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.model.loading import use_exact_bf16
+from toolspec.model.packed_linear import (
+    exact_tiles_available,
+    pack_linear_layers,
+    packing_available,
+)
 
 VOCAB = 96
 BLOCK = 8
@@ -216,8 +220,8 @@ def test_a_request_waits_one_step_for_the_blocks_another_computes_now() -> None:
     jobs = [engine.start([*system, *tokens(rng, 5)], None, params) for _ in range(3)]
     computed = 0
     while not all(job.done for job in jobs):
-        engine.step([job for job in jobs if not job.done])
-        computed += engine.last_step.prompt_rows if engine.last_step else 0
+        report = engine.step([job for job in jobs if not job.done]).report
+        computed += report.prompt_rows if report is not None else 0
     # The shared blocks were computed once; the others took them from the cache.
     assert sorted(job.cached_tokens for job in jobs) == [0, 6 * BLOCK, 6 * BLOCK]
     assert computed < 6 * BLOCK + 3 * 5 + BLOCK
@@ -251,7 +255,6 @@ def test_hits_and_misses_are_counted_per_block() -> None:
     stats = engine.prefix_cache.stats()
     assert (stats.missed_blocks, stats.hit_blocks, stats.inserted_blocks) == (4, 4, 4)
     assert stats.hit_rate == 0.5
-    assert engine.last_step is not None
 
 
 def _block_bytes(model: TargetModel) -> int:
@@ -284,8 +287,8 @@ def test_exact_bf16_outputs_stay_plain_decodings_with_the_cache_on(tiny_family: 
 @bitwise
 @pytest.mark.real_model
 def test_smollm2_served_from_cached_blocks_computes_a_cold_prefills_bits() -> None:
-    from toolspec.models import load_model
-    from toolspec.prompts import chat_prompt
+    from toolspec.calls.prompts import chat_prompt
+    from toolspec.model.loading import load_model
 
     loaded = load_model("smollm2-135m", "fp32")  # prepacked linears
     model = TargetModel(loaded.model)

@@ -1,4 +1,4 @@
-"""Prefix-aware routing (issue 42), the ranking alone: a session's replica first, then the
+"""Prefix-aware routing, the ranking alone: a session's replica first, then the
 replica known to hold the longest start of the prompt, then the prompt's rendezvous-hash home;
 replicas with too long a queue last; replicas that come and go move few prefixes."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import random
 
-from ray.serve.request_router import ReplicaID
 from ray.serve._private.common import DeploymentID
+from ray.serve.request_router import ReplicaID
 
 from deployments.prefix_router import RoutedRequest, RoutingMemory, rank_replicas
-from toolspec.prefix_cache import block_keys
+from toolspec.core.prefix_cache import block_keys
 
 DEPLOYMENT = DeploymentID(name="ModelServer", app_name="toolspec")
 

@@ -3,14 +3,16 @@
 import pytest
 
 from toolspec import Engine, GenerationParams, SamplingParams, TargetModel
-from toolspec.drafters import OracleDrafter, PromptLookupDrafter
-from toolspec.models import load_model
+from toolspec.bench.baselines.oracle import OracleDrafter
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.model.loading import load_model
 
 pytestmark = pytest.mark.real_model
 
 PROMPTS = [
     "Write a Python function that returns the sum of a list of numbers.",
-    'Repeat this JSON exactly: {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}',
+    'Repeat this JSON exactly: {"name": "get_weather", "arguments": '
+    '{"city": "Paris", "unit": "c"}}',
     "List the days of the week, one per line.",
 ]
 

@@ -9,17 +9,17 @@ import pytest
 
 from deployments.chat_engine import ServedDrafters
 from deployments.messages import ChatRequest
+from toolspec.bench.datasets import load_apibank, sample_path
 from toolspec.bench.methods import METHODS, MethodSetup
-from toolspec.budget import FixedBudget
-from toolspec.datasets import load_apibank, sample_path
-from toolspec.draft_tree import DraftTree
-from toolspec.drafters.base import DraftRequest, Drafter
-from toolspec.drafters.retrieval import ToolSpecDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
+from toolspec.bench.sim import reference_targets, simulate
+from toolspec.core.budget import FixedBudget
+from toolspec.core.draft_tree import DraftTree
+from toolspec.core.drafter import Drafter, DraftRequest
+from toolspec.drafting.retrieval import ToolSpecDrafter
+from toolspec.drafting.suffix_decoding import SuffixDecodingDrafter
 from toolspec.library import CallLibrary
-from toolspec.models import load_tokenizer
+from toolspec.model.packages import load_tokenizer
 from toolspec.registry import SUFFIX_SPEC_FACTOR, DrafterFactory, UnknownMethodError
-from toolspec.sim import reference_targets, simulate
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +80,8 @@ def test_the_served_drafter_and_the_benchmarked_one_draft_the_same_trees(tokeniz
     served = ServedDrafters(tokenizer)
     bench = METHODS["toolspec"](MethodSetup(tokenizer, libraries[1]))
     persistent = ToolSpecDrafter(tokenizer, libraries[2],
-                                 SuffixDecodingDrafter(max_spec_factor=SUFFIX_SPEC_FACTOR),
-                                 learn=False)
-    forgetful = DrafterFactory("toolspec", tokenizer, learn=False)
+                                 SuffixDecodingDrafter(max_spec_factor=SUFFIX_SPEC_FACTOR))
+    forgetful = DrafterFactory("toolspec", tokenizer)
 
     def chat(request: DraftRequest) -> ChatRequest:
         return ChatRequest("r", "m", (), tools=request.tools, tenant=request.tenant)
@@ -92,7 +91,7 @@ def test_the_served_drafter_and_the_benchmarked_one_draft_the_same_trees(tokeniz
         Recording(lambda request: bench(())),
         Recording(lambda request: persistent),
         # A new factory per request: nothing learned across requests.
-        Recording(lambda request: DrafterFactory("toolspec", tokenizer, learn=False)
+        Recording(lambda request: DrafterFactory("toolspec", tokenizer)
                   .for_request(request.tenant, True, libraries[3])),
     ]
     for run, library in zip(runs, libraries):

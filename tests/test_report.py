@@ -6,20 +6,37 @@ from pathlib import Path
 
 import pytest
 
-from toolspec.bench.analysis import (Run, history_label, off_format_comparison, read_run,
-                                     same_output_speedup, step_accepted, tool_history)
+from toolspec.bench.analysis import (
+    Run,
+    history_label,
+    off_format_comparison,
+    read_run,
+    same_output_speedup,
+    step_accepted,
+    tool_history,
+)
+from toolspec.bench.datasets import BenchItem
+from toolspec.bench.main import main
+from toolspec.bench.report import (
+    NEAR_TIE_LOGITS,
+    ReportConfigError,
+    ReportDataset,
+    divergence_rows,
+    goal_rows,
+    goals_for,
+    load_config,
+    plot_runs,
+    report_markdown,
+    step_end_shares,
+    write_report,
+)
 from toolspec.bench.resume import read_item_results
-from toolspec.bench.report import (NEAR_TIE_LOGITS, ReportConfigError, ReportDataset,
-                                   divergence_rows, goal_rows, goals_for, load_config,
-                                   plot_runs, report_markdown, step_end_shares, write_report)
 from toolspec.bench.run import ItemResult, format_markdown, format_table, summarize
 from toolspec.bench.scoring import adheres_to_format, calls_match, score_output, value_matches
 from toolspec.bench.states import state_counts
-from toolspec.cli import main
-from toolspec.datasets import BenchItem
-from toolspec.engine import StepStats
-from toolspec.formats import ToolCall, get_format
-from toolspec.tools import ToolSet
+from toolspec.calls.formats import ToolCall, get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.core.engine import StepStats
 
 TOOLS = ToolSet.from_functions([
     {"name": "weather", "parameters": {"type": "object", "properties": {
@@ -299,7 +316,7 @@ def test_the_report_says_which_sets_were_tuned_on() -> None:
     run = Run(name="l1", results=tuple(toy_results(2)),
               document={"model": "m", "dtype": "bf16", "items": 2, "machine": "toy",
                         "methods": {"ar": {}, "toolspec": {}, "oracle": {}}})
-    datasets = [ReportDataset("l1", "../shared/data/api-bank/level-1.json", dev_items=200)]
+    datasets = [ReportDataset("l1", "apibank:level-1", dev_items=200)]
     text = report_markdown([run], [], "make report", datasets=datasets)
     assert "## End-to-end speed-up vs plain decoding" in text
     assert text.index("End-to-end speed-up") < text.index("Decode speed-up vs")

@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from toolspec.bench.analysis import read_run
-from toolspec.bench.resume import (ITEMS_FILE, ResultLog, ResumeMismatchError, claim_folder,
-                                   measuring_code_digest, read_item_results)
+from toolspec.bench.resume import (
+    ITEMS_FILE,
+    ResultLog,
+    ResumeMismatchError,
+    claim_folder,
+    measuring_code_digest,
+    read_item_results,
+)
 from toolspec.bench.run import ItemResult, summarize
 
 
@@ -118,13 +124,13 @@ def test_the_code_digest_follows_measuring_modules_only(tmp_path: Path) -> None:
 def test_a_resumed_run_drafts_as_the_uninterrupted_one(tmp_path: Path) -> None:
     """Drafters and budgets that learn across items relearn the finished items' outputs, so
     the items a resumed run decodes get the trees an uninterrupted run would have given them."""
+    from toolspec.bench.datasets import load_apibank, sample_path
     from toolspec.bench.methods import parse_methods
     from toolspec.bench.run import build_engines, run_items
-    from toolspec.budget import CostModel
-    from toolspec.datasets import load_apibank, sample_path
-    from toolspec.engine import GenerationParams
+    from toolspec.core.budget import CostModel
+    from toolspec.core.engine import GenerationParams
     from toolspec.library import CallLibrary
-    from toolspec.models import load_model
+    from toolspec.model.loading import load_model
 
     loaded = load_model("smollm2-135m", dtype="fp32", prepack_linear=False)
     items = load_apibank(sample_path())[:3]

@@ -4,20 +4,20 @@ import random
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_model
+
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.budget import FixedBudget
-from toolspec.datasets import load_apibank
-from toolspec.drafters import PromptLookupDrafter
-from toolspec.drafters.base import DraftRequest
-from toolspec.drafters.retrieval import RETRIEVAL, RetrievalDrafter, ToolSpecDrafter
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.formats import ToolCall, get_format
+from toolspec.bench.datasets import load_apibank
+from toolspec.bench.sim import SimReport, reference_targets, simulate
+from toolspec.calls.formats import ToolCall, get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.core.budget import FixedBudget
+from toolspec.core.drafter import DraftRequest
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.retrieval import RETRIEVAL, RetrievalDrafter, ToolSpecDrafter
+from toolspec.drafting.schema import SchemaDrafter
 from toolspec.library import CallLibrary
-from toolspec.models import load_tokenizer
-from toolspec.sim import SimReport, reference_targets, simulate
-from toolspec.tools import ToolSet
+from toolspec.model.packages import load_tokenizer
 
 DATA = Path(__file__).parent / "data"
 TOOLS = ToolSet.from_functions([
@@ -48,7 +48,8 @@ def test_stored_values_are_drafted_once_the_tool_is_known(tokenizer, library) ->
     library.add(ToolCall("get_weather", {"city": "Reykjavik", "unit": "celsius"}), "acme")
     drafter = RetrievalDrafter(tokenizer, library)
     drafter.start(request(tokenizer))
-    drafter.observe(tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "'))
+    drafter.observe(tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'))
     texts = [d.text for d in drafter.text_drafts()]
     assert any(t.startswith('Reykjavik", "unit": "celsius"}}') for t in texts)
     assert all(s.source in (RETRIEVAL, "schema/close") for d in drafter.text_drafts()
@@ -84,14 +85,22 @@ def test_tenants_never_see_each_others_calls(tokenizer, library) -> None:
     assert not any("Secretville" in d.text for d in drafter.text_drafts())
 
 
-def test_finished_calls_go_back_into_the_library(tokenizer, library) -> None:
+def test_finished_calls_reach_the_library_by_one_path_and_only_for_offered_tools(
+        tokenizer, library) -> None:
     drafter = ToolSpecDrafter(tokenizer, library)
     drafter.start(request(tokenizer, tenant="acme"))
-    drafter.observe(tokenizer.encode(HERMES.render([ToolCall("get_time", {"zone": "CET"}),
-                                                    ToolCall("unknown_tool", {})])))
+    output = [ToolCall("get_time", {"zone": "CET"}), ToolCall("unknown_tool", {})]
+    drafter.observe(tokenizer.encode(HERMES.render(output)))
     drafter.stop()
-    stored = list(library.records("acme"))
+    assert list(library.records("acme")) == []  # drafters read the library, never write it
+    stored = library.remember(output, TOOLS.names, "acme")
     assert [r.call for r in stored] == [ToolCall("get_time", {"zone": "CET"})]
+    assert [r.call for r in library.records("acme")] == [ToolCall("get_time", {"zone": "CET"})]
+    refused = []
+    not_json = ToolCall("get_time", {"zone": float("nan")})
+    library.remember([not_json], TOOLS.names, "acme",
+                     on_invalid=lambda call, error: refused.append(call))
+    assert refused == [not_json]
 
 
 def test_retrieval_is_lossless_on_a_tiny_model(tokenizer, library) -> None:
@@ -119,7 +128,7 @@ def test_a_growing_library_raises_mat_over_the_schema_alone(tokenizer, tmp_path)
     schema = simulate(SchemaDrafter(tokenizer, PromptLookupDrafter()), targets, FixedBudget(16),
                       tokenizer)
     with CallLibrary(tmp_path / "cold", sync=False) as library:
-        full = simulate(ToolSpecDrafter(tokenizer, library, PromptLookupDrafter(), learn=False),
+        full = simulate(ToolSpecDrafter(tokenizer, library, PromptLookupDrafter()),
                         targets, FixedBudget(16), tokenizer, library=library)
         assert library.stats().calls > 50
     def warm_mat(report: SimReport) -> float:

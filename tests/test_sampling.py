@@ -2,7 +2,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from toolspec.sampling import SamplingParams, TokenChooser, draw, target_distribution
+from toolspec.core.sampling import SamplingParams, TokenChooser, draw, target_distribution
 
 
 def test_top_k_keeps_the_k_largest() -> None:

@@ -5,19 +5,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import tiny_model
+
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.datasets import load_apibank, load_bfcl
-from toolspec.drafters import PromptLookupDrafter
-from toolspec.drafters.text_drafts import NAME
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.formats import CallState, ToolCall, get_format
-from toolspec.models import load_tokenizer
-from toolspec.sim import reference_targets, simulate
-from toolspec.token_continuation import TokenContinuer
-from toolspec.budget import FixedBudget
-from toolspec.tools import ToolSet
+from toolspec.bench.datasets import load_apibank, load_bfcl
+from toolspec.bench.sim import reference_targets, simulate
+from toolspec.calls.formats import CallState, ToolCall, get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.core.budget import FixedBudget
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.schema import SchemaDrafter
+from toolspec.drafting.text_drafts import NAME
+from toolspec.drafting.token_continuation import TokenContinuer
+from toolspec.model.packages import load_tokenizer
 
 DATA = Path(__file__).parent / "data"
 
@@ -103,7 +103,7 @@ def test_style_is_learned_from_the_models_own_output(qwen_tokenizer) -> None:
     tools = ToolSet.from_functions([{"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}])
     fmt = get_format("json")
-    from toolspec.drafters.base import DraftRequest
+    from toolspec.core.drafter import DraftRequest
     drafter = SchemaDrafter(qwen_tokenizer)
     compact = '{"name":"f","arguments":{"a":"x"}}'
     drafter.start(DraftRequest((1, 2), tools, fmt))
@@ -143,42 +143,14 @@ def test_schema_drafting_is_lossless_on_a_tiny_model(qwen_tokenizer) -> None:
     assert torch.is_tensor(torch.tensor(accepted))
 
 
-def test_candidates_reach_a_fallback_that_wants_them(qwen_tokenizer) -> None:
-    """The engine hands top-k candidates to the drafter it holds; a tool-call drafter passes
-    them on to its fallback (Token Recycling learns from them), and wants none otherwise."""
-    from collections.abc import Sequence
-
-    from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
-    from toolspec.logit_feedback import logits_observer
-
-    class Recorder(TokenRecyclingDrafter):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fed: list[tuple[tuple[int, ...], list[list[int]]]] = []
-
-        def observe_logits(self, tokens: Sequence[int], top_k_ids: Sequence[Sequence[int]]) -> None:
-            self.fed.append((tuple(tokens), [list(ids) for ids in top_k_ids]))
-            super().observe_logits(tokens, top_k_ids)
-
-    fallback = Recorder()
-    drafter = SchemaDrafter(qwen_tokenizer, fallback)
-    assert logits_observer(drafter) is drafter
-    assert drafter.logits_top_k == fallback.logits_top_k
-    top_k = [list(range(fallback.logits_top_k)), list(range(1, fallback.logits_top_k + 1))]
-    drafter.observe_logits((5, 7), top_k)
-    assert fallback.fed == [((5, 7), top_k)]
-    assert logits_observer(SchemaDrafter(qwen_tokenizer, PromptLookupDrafter())) is None
-    assert logits_observer(SchemaDrafter(qwen_tokenizer, None)) is None
-
-
 def test_sources_cannot_crowd_the_fallback_out(qwen_tokenizer) -> None:
     """Inside a string value the schema offers every way to end it, enough to fill any budget;
     the fallback's continuation of the value must still be offered, for the draft budget to
     weigh against them, and no path may grow deeper than the budget."""
     from collections.abc import Sequence
 
-    from toolspec.draft_tree import DraftTree
-    from toolspec.drafters.base import DraftRequest
+    from toolspec.core.draft_tree import DraftTree
+    from toolspec.core.drafter import DraftRequest
 
     class Chain:
         name = "chain"
@@ -208,9 +180,9 @@ def test_a_lone_date_keeps_its_share_after_the_opening_quote(qwen_tokenizer) -> 
     """After ``"time": "`` the conversation's one date is the value with the grammar's date
     share: the bare opening and the other values' branches share that quote with it and must
     not dilute it (each counts once in the quote's mass)."""
-    from toolspec.drafters.base import DraftRequest
-    from toolspec.drafters.call_grammar import GrammarPriors
-    from toolspec.drafters.text_drafts import DATE
+    from toolspec.core.drafter import DraftRequest
+    from toolspec.drafting.call_grammar import GrammarPriors
+    from toolspec.drafting.text_drafts import DATE
 
     tools = ToolSet.from_functions([{"name": "AddAlarm", "parameters": {
         "type": "object", "required": ["time"], "properties": {
@@ -262,8 +234,8 @@ def test_the_fallback_goes_on_below_the_likeliest_leaves(qwen_tokenizer) -> None
     deeper than the budget; a fallback that cannot is asked about the step's context only."""
     from collections.abc import Sequence
 
-    from toolspec.draft_tree import ROOT, DraftTree
-    from toolspec.drafters.base import ContextDrafter, DraftRequest
+    from toolspec.core.draft_tree import ROOT, DraftTree
+    from toolspec.core.drafter import ContextDrafter, DraftRequest
 
     class Echo:
         name = "echo"

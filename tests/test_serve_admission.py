@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from serve_fakes import FailingChatEngine, LocalModelClient, ScriptedChatEngine, fixed
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
 from deployments.limits import AdmissionLimits, json_depth
-from deployments.messages import ChatRequest, ReplicaBusyError
-from deployments.prompting import ContextLengthError, fit_to_context
+from deployments.messages import ChatRequest, ContextLengthError, ReplicaBusyError
+from deployments.prompting import fit_to_context
 from deployments.replica import ModelReplica
-from serve_fakes import FailingChatEngine, LocalModelClient, ScriptedChatEngine, fixed
 
 MODEL = "toy-model"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -165,7 +165,8 @@ def test_a_call_without_arguments_in_history_is_an_empty_object() -> None:
     client, engine = make_client()
     history = [{"role": "user", "content": "Reset"},
                {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "c1", "type": "function", "function": {"name": "reset", "arguments": ""}}]},
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "reset", "arguments": ""}}]},
                {"role": "tool", "tool_call_id": "c1", "content": "done"}]
     assert client.post(URL, json=body(messages=history)).status_code == 200
     assert engine.requests[-1].messages[1]["tool_calls"][0]["function"]["arguments"] == {}

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from serve_fakes import LocalModelClient, ScriptedChatEngine, fixed
 
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
 from deployments.messages import ReplicaUnavailableError, StreamStart
 from deployments.replica import ModelReplica
-from serve_fakes import LocalModelClient, ScriptedChatEngine, fixed
 
 MODEL = "toy-model"
 WEATHER = {"type": "function", "function": {
@@ -106,12 +106,15 @@ def test_tool_calls_plain_and_streamed_agree_however_steps_split(pieces: tuple[s
 
 
 def test_prose_before_a_call_is_content_without_the_wrapper() -> None:
-    output = 'Let me check that.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    output = ('Let me check that.\n<tool_call>\n'
+              '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
     client = make_client(ScriptedChatEngine(script=fixed(output[:10], output[10:30], output[30:])))
-    message = client.post("/v1/chat/completions", json=body(tools=[WEATHER])).json()["choices"][0]["message"]
+    message = client.post("/v1/chat/completions",
+                          json=body(tools=[WEATHER])).json()["choices"][0]["message"]
     assert message["content"] == "Let me check that.\n"
     assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
-    chunks = sse_events(client.post("/v1/chat/completions", json=body(tools=[WEATHER], stream=True)))[:-1]
+    chunks = sse_events(client.post("/v1/chat/completions",
+                                    json=body(tools=[WEATHER], stream=True)))[:-1]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert content == "Let me check that.\n"
 
@@ -120,7 +123,8 @@ def test_fenced_block_of_calls_as_api_bank_writes_them() -> None:
     output = ('```<tool_call>\n{"name": "get_weather", "parameters": {"city": "Rome"}}\n'
               '{"name": "get_time", "parameters": {"zone": "CET"}}\n</tool_call>\n```')
     client = make_client(ScriptedChatEngine(script=fixed(output), call_format="apibank"))
-    message = client.post("/v1/chat/completions", json=body(tools=[WEATHER, TIME])).json()["choices"][0]["message"]
+    message = client.post("/v1/chat/completions",
+                          json=body(tools=[WEATHER, TIME])).json()["choices"][0]["message"]
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_time"]
     assert message["content"] is None
 
@@ -128,7 +132,8 @@ def test_fenced_block_of_calls_as_api_bank_writes_them() -> None:
 def test_text_answer_streams_as_content_and_ends_with_stop() -> None:
     client = make_client(ScriptedChatEngine(script=fixed("It is ", "sunny {mostly}", ".")))
     plain = client.post("/v1/chat/completions", json=body()).json()
-    assert plain["choices"][0]["message"] == {"role": "assistant", "content": "It is sunny {mostly}."}
+    assert plain["choices"][0]["message"] == {"role": "assistant",
+                                              "content": "It is sunny {mostly}."}
     assert plain["choices"][0]["finish_reason"] == "stop"
     events = sse_events(client.post("/v1/chat/completions", json=body(
         stream=True, tools=[WEATHER], stream_options={"include_usage": True})))
@@ -141,7 +146,8 @@ def test_text_answer_streams_as_content_and_ends_with_stop() -> None:
 def test_token_limit_gives_finish_reason_length() -> None:
     engine = ScriptedChatEngine(script=fixed('<tool_call>\n{"name": "get_weather", "argu'),
                                 finish="length")
-    choice = make_client(engine).post("/v1/chat/completions", json=body(tools=[WEATHER])).json()["choices"][0]
+    choice = make_client(engine).post("/v1/chat/completions",
+                                      json=body(tools=[WEATHER])).json()["choices"][0]
     assert choice["finish_reason"] == "length"
 
 
@@ -257,7 +263,8 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
         **WEATHER["function"], "name": "x" * 65}}])), 400, "tools[1].function.name"),
     (json.dumps(body(tools=[WEATHER], tool_choice="sometimes")), 400, "tool_choice"),
     (json.dumps(body(tools=[WEATHER], tool_choice={"type": "function",
-                                                   "function": {"name": "nope"}})), 400, "tool_choice"),
+                                                   "function": {"name": "nope"}})),
+     400, "tool_choice"),
     (json.dumps(body(tool_choice="required")), 400, "tool_choice"),
     (json.dumps(body(tool_choice="auto")), 400, "tool_choice"),
     (json.dumps(body(tool_choice=NAMED)), 400, "tool_choice"),

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from serve_fakes import LocalModelClient, ScriptedChatEngine
 
 from deployments.admission import AdmissionError, AdmissionPolicy
 from deployments.api import create_api
-from deployments.auth import (ApiKeyConfigError, ApiKeys, ApiKeySource, digest, main,
-                              parse_keys)
+from deployments.auth import ApiKeyConfigError, ApiKeys, ApiKeySource, digest, main, parse_keys
 from deployments.builder import AppConfig
 from deployments.replica import ModelReplica
-from serve_fakes import LocalModelClient, ScriptedChatEngine
 
 ALICE_KEY = "tsk-alice-0123456789abcdef"
 BOB_KEY = "tsk-bob-0123456789abcdefgh"

@@ -1,4 +1,4 @@
-"""Autoscaling on a real local Ray (issue 42): under load the model replicas go up, without
+"""Autoscaling on a real local Ray: under load the model replicas go up, without
 load back down, and no request is lost on the way — a replica scaled down finishes what it
 holds (graceful drain). The engine is scripted (slow steps stand in for forwards)."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 from ray import serve
+from serve_fakes import fixed, scripted_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from serve_fakes import fixed, scripted_factory
 
 PIECES = tuple(f"word{i} " for i in range(20))  # 20 steps of 0.25 s: 5 s a request
 

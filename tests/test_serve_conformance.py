@@ -19,10 +19,10 @@ import jsonschema
 import openai
 import pytest
 from ray import serve
+from serve_fakes import by_message, failing_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
 from deployments.builder import LimitsConfig
-from serve_fakes import by_message, failing_factory
 
 MODEL = "qwen2.5-coder-0.5b"
 WEATHER = {"type": "function", "function": {
@@ -243,9 +243,9 @@ def test_oversized_nested_and_broken_text_are_400s_and_the_replica_serves_on(
     huge = error_of(post(real_app, {"model": MODEL, "max_tokens": 4,
                                     "messages": user("word " * 600_000)}))  # 3 MB
     assert huge["code"] == "context_length_exceeded" and "32768" in huge["message"]
-    nested = '{"model": "%s", "messages": %s}' % (MODEL, "[" * 5000 + "]" * 5000)
+    nested = '{{"model": "{}", "messages": {}}}'.format(MODEL, "[" * 5000 + "]" * 5000)
     assert error_of(post(real_app, nested))["code"] == "nested_too_deep"
-    surrogate = '{"model": "%s", "messages": [{"role": "user", "content": "\\udcff"}]}' % MODEL
+    surrogate = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "\\udcff"}}]}}'
     broken = error_of(post(real_app, surrogate))
     assert broken["param"] == "messages[0].content" and broken["code"] == "invalid_text"
     over = error_of(post(real_app, b'{"pad": "' + b"x" * (5 << 20) + b'"}'))

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serve_fakes import ProbingChatEngine
 
 from deployments.library_cache import LibraryCache
 from deployments.library_service import LibraryService
 from deployments.messages import ChatRequest, StreamEnd, StreamStart, TextStep
 from deployments.replica import ModelReplica
-from serve_fakes import ProbingChatEngine
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
+from toolspec.calls.tools import ToolSet
 from toolspec.library import CallRecord
-from toolspec.tools import ToolSet
 
 WEATHER = ToolSet.from_openai([{"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {

@@ -13,12 +13,12 @@ import httpx
 import pytest
 import ray
 from ray import serve
+from serve_fakes import fixed, scripted_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
 from deployments.tool_stream import ToolCallStream
+from toolspec.calls.output import OutputParse
 from toolspec.library.keys import shard_of
-from toolspec.output import OutputParse
-from serve_fakes import fixed, scripted_factory
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -172,10 +172,10 @@ def test_openai_client_gets_plain_decodings_calls_from_the_default_model(
         ray_serve: str, tmp_path: Path) -> None:
     openai = pytest.importorskip("openai")
     from toolspec import Engine, GenerationParams, TargetModel
-    from toolspec.datasets import load_apibank, sample_path
-    from toolspec.models import load_model
-    from toolspec.prompts import chat_prompt
-    from toolspec.tools import ToolSet
+    from toolspec.bench.datasets import load_apibank, sample_path
+    from toolspec.calls.prompts import chat_prompt
+    from toolspec.calls.tools import ToolSet
+    from toolspec.model.loading import load_model
 
     # An API-Bank dialogue as an OpenAI client sends it: the tools in ``tools`` (the chat
     # template lists them), not in API-Bank's own system prompt. The item with the shortest
@@ -243,8 +243,8 @@ def test_a_two_rank_replica_answers_a_call_and_is_replaced_when_a_rank_dies(
     SIGKILL fails the replica's health check, Serve starts a new group, and it answers."""
     from deployments.tensor_parallel_group import WORKER_NAME_PREFIX
     from toolspec import Engine, GenerationParams, TargetModel
-    from toolspec.models import load_model
-    from toolspec.prompts import chat_prompt
+    from toolspec.calls.prompts import chat_prompt
+    from toolspec.model.loading import load_model
 
     config = AppConfig(model=ModelConfig(model="qwen2.5-coder-0.5b", dtype="float32",
                                          draft_budget=7, num_cpus=0.5, tensor_parallel_size=2),

@@ -8,16 +8,16 @@ import time
 from typing import Any
 
 import pytest
+from serve_fakes import ScriptedChatEngine, fixed
 
 from deployments.library_cache import LibraryCache
 from deployments.messages import ChatRequest, StreamEnd, StreamStart, TextStep
 from deployments.replica import ModelReplica
 from deployments.scheduler import BatchScheduler
-from serve_fakes import ScriptedChatEngine, fixed
-from toolspec.engine import Generation, StepEvent, StepOutcome
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
+from toolspec.calls.tools import ToolSet
+from toolspec.core.engine import Generation, StepEvent, StepOutcome, StepResult
 from toolspec.library import CallLibrary, CallRecord
-from toolspec.tools import ToolSet
 
 WEATHER = ToolSet.from_openai([{"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -44,7 +44,7 @@ class CountingJob:
 
 def counting_step(batches: list[list[str]], step_s: float = 0.0) -> Any:
     """A ``step`` function that records each batch's job names (``step_s``: a forward)."""
-    def step(jobs: list[CountingJob]) -> list[StepOutcome]:
+    def step(jobs: list[CountingJob]) -> StepResult:
         time.sleep(step_s)
         batches.append([job.name for job in jobs])
         outcomes = []
@@ -57,7 +57,7 @@ def counting_step(batches: list[list[str]], step_s: float = 0.0) -> Any:
             job.done = job.taken == job.count
             generation = Generation(1, (), "", "stop", 0.0, 0.0, ()) if job.done else None
             outcomes.append(StepOutcome(StepEvent((job.taken,), job.name, None, generation)))
-        return outcomes
+        return StepResult(outcomes)
     return step
 
 

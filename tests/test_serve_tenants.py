@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from serve_fakes import LocalModelClient, ProbingChatEngine, ScriptedChatEngine
 
 from deployments import AppConfig
 from deployments.admission import AdmissionPolicy
@@ -18,7 +19,6 @@ from deployments.library_cache import LibraryCache
 from deployments.library_service import LibraryService
 from deployments.replica import ModelReplica
 from deployments.tenants import TenantPolicy
-from serve_fakes import LocalModelClient, ProbingChatEngine, ScriptedChatEngine
 from toolspec.library import CallRecord
 
 MODEL = "toy-model"

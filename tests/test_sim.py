@@ -8,10 +8,10 @@ import pytest
 from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.budget import FixedBudget
-from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.drafters.base import DraftRequest
-from toolspec.sim import SimTarget, simulate, step_end_counts, write_step_ends
+from toolspec.bench.sim import SimTarget, simulate, step_end_counts, write_step_ends
+from toolspec.core.budget import FixedBudget
+from toolspec.core.draft_tree import ROOT, DraftTree
+from toolspec.core.drafter import DraftRequest
 
 OUTPUT = (10, 11, 12, 13, 14, 15, 16, 17)
 
@@ -81,8 +81,8 @@ def test_sim_estimates_a_fixed_budget_on_a_cost_curve(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """`--budget` with `--cost-curve` replays the fixed cap and prices it on the curve (how the
     served default was compared with a fixed 7); the curve alone sizes the trees itself."""
-    from toolspec.cli import main
-    from toolspec.datasets import sample_path
+    from toolspec.bench.datasets import sample_path
+    from toolspec.bench.main import main
 
     curve = tmp_path / "cost_curve.json"
     curve.write_text(json.dumps({"seconds": {"1": 0.1, "8": 0.15, "64": 0.5}}))

@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from scipy.stats import chisquare
 
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import DraftTree, Engine, GenerationParams, SamplingParams, TargetModel
-from toolspec.drafters import PromptLookupDrafter
-from toolspec.sampling import TokenChooser, target_distribution
-from toolspec.verify import walk_tree
+from toolspec.core.sampling import TokenChooser, target_distribution
+from toolspec.core.verify import walk_tree
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
 
 VOCAB = 8
 DRAWS = 24_000

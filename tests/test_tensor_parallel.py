@@ -1,4 +1,4 @@
-"""A model split over two CPU ranks (gloo) decodes as the whole model does (issue 36).
+"""A model split over two CPU ranks (gloo) decodes as the whole model does.
 
 Each test run spawns two processes: rank 0 drives a ``ShardedTarget`` and the engine, rank 1
 ``follow``s. The same scenario runs on the unsplit model in this process; greedy and seeded
@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
 from toolspec import Engine, GenerationParams, TargetModel
-from toolspec.draft_tree import ROOT, DraftTree
-from toolspec.prefix_cache import PrefixCache
-from toolspec.sampling import SamplingParams
-from toolspec.target_model import CacheOperations
+from toolspec.core.draft_tree import ROOT, DraftTree
+from toolspec.core.prefix_cache import PrefixCache
+from toolspec.core.sampling import SamplingParams
+from toolspec.model.target_model import CacheOperations
 
 VOCAB = 96
 TREE = DraftTree(tokens=(5, 9, 11, 7, 30), parents=(ROOT, 0, 0, 1, ROOT),
@@ -78,7 +78,7 @@ def scenario(model: TargetModel) -> dict[str, Any]:
 
 def _rank(rank: int, port: int, path: str, results: Any) -> None:
     torch.set_num_threads(1)
-    from toolspec.tensor_parallel import ShardedTarget, follow, init_group, load_sharded
+    from toolspec.model.tensor_parallel import ShardedTarget, follow, init_group, load_sharded
 
     group = init_group(rank, 2, "127.0.0.1", port, "gloo", collective_timeout_s=60)
     model = load_sharded(path, 2, torch.float32)
@@ -143,7 +143,7 @@ def test_two_ranks_decode_as_the_whole_model(saved_model: Path) -> None:
 
 
 def test_head_counts_the_ranks_cannot_split_are_refused() -> None:
-    from toolspec.tensor_parallel import check_divides
+    from toolspec.model.tensor_parallel import check_divides
 
     config = Qwen2Config(num_attention_heads=14, num_key_value_heads=2)
     check_divides(config, 2)
@@ -152,7 +152,7 @@ def test_head_counts_the_ranks_cannot_split_are_refused() -> None:
 
 
 def test_a_sharded_target_refuses_caches_it_did_not_make() -> None:
-    from toolspec.tensor_parallel import TensorParallelError, _mirror_id
+    from toolspec.model.tensor_parallel import TensorParallelError, _mirror_id
 
     with pytest.raises(TensorParallelError, match="no copies on the other ranks"):
         _mirror_id(TargetModel(tiny_model("qwen2", VOCAB)).new_cache())

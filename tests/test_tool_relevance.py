@@ -1,10 +1,10 @@
 import pytest
-
 from test_value_candidates import drafts_from
-from toolspec.drafters.call_grammar import CallGrammar
-from toolspec.drafters.tool_relevance import tool_name_shares
-from toolspec.formats import get_format
-from toolspec.tools import ToolSet
+
+from toolspec.calls.formats import get_format
+from toolspec.calls.tools import ToolSet
+from toolspec.drafting.call_grammar import CallGrammar
+from toolspec.drafting.tool_relevance import tool_name_shares
 
 TOOLS = ToolSet.from_functions([
     {"name": "property_valuation.get",

@@ -9,16 +9,19 @@ import random
 import pytest
 
 from deployments.tool_stream import OutputDelta, ToolCallStream
-from toolspec.formats import get_format
-from toolspec.output import OutputParse
+from toolspec.calls.formats import get_format
+from toolspec.calls.output import OutputParse
 
 OUTPUTS = [
-    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1, "y": {"z": [1, 2]}}}\n</tool_call>'),
-    ("hermes", 'Sure {braces} here.\n<tool_call>\n{"name": "a", "arguments": {"s": "}{\\"]"}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1, "y": {"z": [1, 2]}}}'
+               '\n</tool_call>'),
+    ("hermes", 'Sure {braces} here.\n<tool_call>\n'
+               '{"name": "a", "arguments": {"s": "}{\\"]"}}\n</tool_call>'),
     ("json", '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'),
     ("json", '```json\n{\n  "name": "a",\n  "arguments": {\n    "x": "v"\n  }\n}\n```'),
     ("json", '{"arguments": {"x": 2}, "name": "late"}'),
-    ("apibank", '```<tool_call>\n{"name": "a", "parameters": {"k": "v"}}\n{"name": "b", "parameters": {"n": null}}\n</tool_call>\n```'),
+    ("apibank", '```<tool_call>\n{"name": "a", "parameters": {"k": "v"}}\n'
+                '{"name": "b", "parameters": {"n": null}}\n</tool_call>\n```'),
     ("json", "No call needed: the answer is 4 < 5."),
 ]
 

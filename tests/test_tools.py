@@ -1,7 +1,7 @@
 import pytest
 
-from toolspec.datasets import load_apibank, sample_path
-from toolspec.tools import ToolSchemaError, ToolSet
+from toolspec.bench.datasets import load_apibank, sample_path
+from toolspec.calls.tools import ToolSchemaError, ToolSet
 
 WEATHER = {
     "type": "function",
@@ -56,8 +56,8 @@ def test_duplicate_names_are_rejected() -> None:
 
 def test_bfcl_style_dict_type_is_normalized() -> None:
     tools = ToolSet.from_functions([{"name": "area", "parameters": {
-        "type": "dict", "properties": {"base": {"type": "float"}, "tags": {"type": "tuple",
-                                                                           "items": {"type": "str"}}},
+        "type": "dict", "properties": {"base": {"type": "float"},
+                                       "tags": {"type": "tuple", "items": {"type": "str"}}},
         "required": ["base"]}}])
     schema = tools.get("area").parameters
     assert schema["type"] == "object"

@@ -2,14 +2,20 @@
 
 import pytest
 
-from toolspec.drafters.call_grammar import CallGrammar
-from toolspec.drafters.conversation_values import value_like_spans
-from toolspec.drafters.text_drafts import LITERAL, PATTERN
-from toolspec.drafters.date_values import DateValue, complete_in_pattern
-from toolspec.drafters import prompt_literals
-from toolspec.drafters.prompt_literals import NestedLiteral, nested_literals
-from toolspec.formats import COMPACT_STYLE, DEFAULT_STYLE, INDENTED_STYLE, JsonStyle, get_format
-from toolspec.tools import ToolSet
+from toolspec.calls.formats import (
+    COMPACT_STYLE,
+    DEFAULT_STYLE,
+    INDENTED_STYLE,
+    JsonStyle,
+    get_format,
+)
+from toolspec.calls.tools import ToolSet
+from toolspec.drafting import prompt_literals
+from toolspec.drafting.call_grammar import CallGrammar
+from toolspec.drafting.conversation_values import value_like_spans
+from toolspec.drafting.date_values import DateValue, complete_in_pattern
+from toolspec.drafting.prompt_literals import NestedLiteral, nested_literals
+from toolspec.drafting.text_drafts import LITERAL, PATTERN
 
 DATE_TIME = "%Y-%m-%d %H:%M:%S"
 

@@ -7,17 +7,19 @@ library in a retrieval actor, the formats in an HTTP ingress) do not pay for tor
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from typing import Any
 
 _EXPORTS = {
-    "DraftTree": "toolspec.draft_tree",
-    "Engine": "toolspec.engine",
-    "Generation": "toolspec.engine",
-    "GenerationParams": "toolspec.engine",
-    "SamplingParams": "toolspec.sampling",
-    "StepEvent": "toolspec.engine",
-    "StepStats": "toolspec.engine",
-    "TargetModel": "toolspec.target_model",
+    "DraftTree": "toolspec.core.draft_tree",
+    "Engine": "toolspec.core.engine",
+    "Generation": "toolspec.core.engine",
+    "GenerationParams": "toolspec.core.engine",
+    "SamplingParams": "toolspec.core.sampling",
+    "StepEvent": "toolspec.core.engine",
+    "StepStats": "toolspec.core.engine",
+    "TargetModel": "toolspec.model.target_model",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -27,3 +29,9 @@ def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'toolspec' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def toolspec_home() -> Path:
+    """Where toolspec keeps what it makes (converted models, tokenizers, the default call
+    library): ``$TOOLSPEC_HOME``, else ``~/.cache/toolspec``."""
+    return Path(os.environ.get("TOOLSPEC_HOME", Path.home() / ".cache" / "toolspec"))

@@ -22,19 +22,19 @@ from typing import Literal
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.budget import CostAwareBudget, CostModel, DraftBudget, rows_per_step
-from toolspec.drafters.base import Drafter, NoDrafter
-from toolspec.drafters.prompt_lookup import PromptLookupDrafter
-from toolspec.drafters.retrieval import RetrievalDrafter, ToolSpecDrafter
-from toolspec.drafters.schema import SchemaDrafter
-from toolspec.drafters.style import StyleMemory
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
-from toolspec.engine import Engine
+from toolspec.core.budget import CostAwareBudget, CostModel, DraftBudget, FixedBudget, rows_per_step
+from toolspec.core.drafter import Drafter, NoDrafter
+from toolspec.core.engine import Engine
+from toolspec.core.prefix_cache import PrefixCache
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.retrieval import RetrievalDrafter, ToolSpecDrafter
+from toolspec.drafting.schema import SchemaDrafter
+from toolspec.drafting.style import StyleMemory
+from toolspec.drafting.suffix_decoding import SuffixDecodingDrafter, SuffixOutputCache
+from toolspec.drafting.token_continuation import TokenContinuer
 from toolspec.library import CallLibrary
-from toolspec.models import LoadedModel
-from toolspec.prefix_cache import PrefixCache
-from toolspec.target_model import TargetModel
-from toolspec.token_continuation import TokenContinuer
+from toolspec.model.loading import LoadedModel
+from toolspec.model.target_model import TargetModel
 
 PLAIN = "ar"
 # SuffixDecoding's papers draft at most one node per matched token (max_spec_factor 1, a GPU
@@ -72,7 +72,6 @@ class _Parts:
     memory: TenantMemory
     continuer: TokenContinuer | None
     library: CallLibrary | None
-    learn: bool
 
     def suffix(self) -> SuffixDecodingDrafter:
         return SuffixDecodingDrafter(cache=self.memory.suffix,
@@ -98,8 +97,7 @@ def _tool_drafter(kind: type, fallback: Callable[[_Parts], Drafter], method: str
         shared = {"memory": parts.memory.style, "continuer": parts.continuer}
         if kind is SchemaDrafter:
             return SchemaDrafter(parts.tokenizer, fallback(parts), **shared)
-        return kind(parts.tokenizer, parts.needs_library(method), fallback(parts),
-                    learn=parts.learn, **shared)
+        return kind(parts.tokenizer, parts.needs_library(method), fallback(parts), **shared)
     return build
 
 
@@ -125,19 +123,17 @@ _TOOL_METHODS = frozenset({"toolspec-schema", "toolspec-retrieval", "toolspec", 
 class DrafterFactory:
     """Drafters of ``method`` per request, over per-tenant memory (the ``max_tenants`` most
     recently used tenants kept). ``library``: the call library retrieval methods draft from
-    (a request may bring its own view); ``learn``: their drafters add each finished call to
-    it (off where the caller records calls itself). Mutates: its tenants' memories."""
+    (a request may bring its own view; drafters read it, ``CallLibrary.remember`` fills it).
+    Mutates: its tenants' memories."""
 
     def __init__(self, method: str, tokenizer: PreTrainedTokenizerBase,
-                 library: CallLibrary | None = None, learn: bool = True,
-                 max_tenants: int = 256) -> None:
+                 library: CallLibrary | None = None, max_tenants: int = 256) -> None:
         if method not in _METHODS:
             raise UnknownMethodError(f"unknown method {method!r}; available: "
                                      f"{', '.join(_METHODS)}")
         self.method = method
         self.tokenizer = tokenizer
         self.library = library
-        self.learn = learn
         self.max_tenants = max_tenants
         self._continuer: TokenContinuer | None = None
         self._tenants: OrderedDict[str, TenantMemory] = OrderedDict()
@@ -154,8 +150,7 @@ class DrafterFactory:
         """A factory of ``method`` over the same tenant memories and tokenization cache (a
         replica without a call library drafts ``toolspec-schema`` into the memory its
         ``toolspec`` requests would use)."""
-        other = DrafterFactory(method, self.tokenizer, self.library, self.learn,
-                               self.max_tenants)
+        other = DrafterFactory(method, self.tokenizer, self.library, self.max_tenants)
         other._tenants = self._tenants
         if self.method in _TOOL_METHODS or method in _TOOL_METHODS:
             other._continuer = self.continuer
@@ -176,16 +171,17 @@ class DrafterFactory:
         drafts as its fallback (the tenant's suffix trie) alone."""
         tool_call = tools_offered and self.method in _TOOL_METHODS
         parts = _Parts(self.tokenizer, self.memory(tenant),
-                       self.continuer if tool_call else None, library or self.library,
-                       self.learn)
+                       self.continuer if tool_call else None, library or self.library)
         with_tools, without_tools = _METHODS[self.method]
         return (with_tools if tools_offered else without_tools)(parts)
 
 
-def budget_for(cost: CostModel | None, fixed_nodes: int | None) -> DraftBudget | int:
-    """A fixed cap of ``fixed_nodes`` nodes, or the cost-aware budget on ``cost``."""
+def budget_for(cost: CostModel | None, fixed_nodes: int | None) -> DraftBudget:
+    """The one way a draft budget is built (engines here, the simulator): a fixed cap of
+    ``fixed_nodes`` nodes (0, or neither given: plain decoding), else the cost-aware budget on
+    ``cost``."""
     if fixed_nodes is not None or cost is None:
-        return fixed_nodes or 0
+        return FixedBudget(fixed_nodes or 0)
     return CostAwareBudget(cost)
 
 
@@ -199,7 +195,7 @@ def build_engine(loaded: LoadedModel, fixed_nodes: int | None = None,
     ``prefix_cache``: prompt blocks kept across requests, on ``target`` (``PrefixCache(target,
     budget_bytes, target.block_tokens)``; None: none). ``target``: how the model runs (default:
     ``TargetModel(loaded.model)``; a split model's ``ShardedTarget``)."""
-    from toolspec.cost_curve import cached_cost_model  # measures on first use: import late
+    from toolspec.model.cost_curve import cached_cost_model
 
     target = target or TargetModel(loaded.model)
     if cost is None and (fixed_nodes is None or step_rows == "auto"):

@@ -17,7 +17,7 @@ from typing import Any
 from toolspec.bench.methods import BASELINE
 from toolspec.bench.resume import ITEMS_FILE, read_item_results
 from toolspec.bench.run import ItemResult
-from toolspec.formats import FORMATS
+from toolspec.calls.formats import FORMATS
 
 # Buckets of "earlier calls of the same tool" (lower bounds): 0, 1, 2, 3-4, 5-9, 10-19, 20+.
 HISTORY_BUCKETS = (0, 1, 2, 3, 5, 10, 20)

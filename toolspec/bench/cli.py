@@ -13,11 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from toolspec.cli_options import (add_format_option, add_library_options, add_model_options,
-                                  add_prefill_option, budget_spec, format_named,
-                                  open_library)
-from toolspec.datasets import DatasetFormatError
-from toolspec.models import DEFAULT_MODEL, LoadedModel, dtype_name
+from toolspec.bench.cli_options import (
+    add_format_option,
+    add_library_options,
+    add_model_options,
+    add_prefill_option,
+    budget_spec,
+    format_named,
+    open_library,
+)
+from toolspec.bench.datasets import DatasetFormatError
+from toolspec.model.loading import LoadedModel, dtype_name
+from toolspec.model.packages import DEFAULT_MODEL
 
 
 def add_bench_commands(commands: Any) -> None:
@@ -106,7 +113,7 @@ def add_bench_commands(commands: Any) -> None:
                         help="run in this dtype instead of the config's (auto: bf16 where the "
                              "hardware runs it fast, else fp32)")
     report.add_argument("--exact-bf16", dest="report_exact_bf16", action="store_true",
-                        help="run with --exact-bf16 (issue 37) instead of the config's setting; "
+                        help="run with --exact-bf16 instead of the config's setting; "
                              "its runs and page are apart from the default ones (<dtype>-exact)")
     report.add_argument("--methods", dest="report_methods", default=None,
                         help="these methods instead of the config's (e.g. ar,toolspec)")
@@ -140,15 +147,20 @@ def _parse_bench(argv: list[str]) -> argparse.Namespace:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from toolspec.bench.datasets import load_dataset
     from toolspec.bench.methods import parse_methods
-    from toolspec.bench.resume import (ITEMS_FILE, ResultLog, ResumeMismatchError,
-                                       claim_folder)
-    from toolspec.bench.run import (build_engines, format_table, results_document, run_items,
-                                    summarize, write_summary)
-    from toolspec.cost_curve import cached_cost_model
-    from toolspec.datasets import load_dataset
-    from toolspec.engine import GenerationParams
-    from toolspec.models import freeze_loaded_objects, load_model
+    from toolspec.bench.resume import ITEMS_FILE, ResultLog, ResumeMismatchError, claim_folder
+    from toolspec.bench.run import (
+        build_engines,
+        format_table,
+        results_document,
+        run_items,
+        summarize,
+        write_summary,
+    )
+    from toolspec.core.engine import GenerationParams
+    from toolspec.model.cost_curve import cached_cost_model
+    from toolspec.model.loading import freeze_loaded_objects, load_model
 
     methods = parse_methods(args.methods)
     items = load_dataset(args.data, args.limit, args.skip)
@@ -178,8 +190,9 @@ def _bench(args: argparse.Namespace) -> int:
     with open_library(args, methods) as library:
         seeded = library.stats().calls if library is not None else None
         results = [log.record(r) if log else r for r in run_items(
-            engines, loaded.tokenizer, items, methods, params, call_format=format_named(args.format),
-            library=library, tenant=args.tenant, finished=finished)]
+            engines, loaded.tokenizer, items, methods, params,
+            call_format=format_named(args.format), library=library, tenant=args.tenant,
+            finished=finished)]
     if log:
         log.close()
     summary = summarize(results, methods)
@@ -199,7 +212,8 @@ def _bench(args: argparse.Namespace) -> int:
     for method, entry in summary.items():
         for divergence in entry["divergences"]:
             print(f"  {method}: {divergence['item']} differs from ar at token "
-                  f"{divergence['position']} (ar top-1/top-2 logit margin {divergence['ar_margin']})")
+                  f"{divergence['position']} (ar top-1/top-2 logit margin "
+                  f"{divergence['ar_margin']})")
     if args.out:
         write_summary(args.out, document)
         print(f"wrote {args.out}/results.json and {args.out}/items.jsonl")
@@ -226,11 +240,11 @@ def _levels(text: str) -> list[int]:
 def _bench_concurrency(args: argparse.Namespace, loaded: LoadedModel, items: list[Any],
                        methods: list[str]) -> int:
     from toolspec.bench.concurrency import run_levels, write_document
-    from toolspec.machine import describe_machine
     from toolspec.bench.run import build_engines
-    from toolspec.cost_curve import cached_cost_model
-    from toolspec.engine import GenerationParams
-    from toolspec.models import freeze_loaded_objects
+    from toolspec.core.engine import GenerationParams
+    from toolspec.model.cost_curve import cached_cost_model
+    from toolspec.model.loading import freeze_loaded_objects
+    from toolspec.model.machine import describe_machine
 
     if "oracle" in methods:
         print("error: the oracle drafts plain decoding's output of the same item: it has no "
@@ -289,9 +303,9 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _rescored(run: Any, model: str) -> Any:
     """``run`` with call accuracy / format adherence filled in where it predates them."""
+    from toolspec.bench.datasets import load_dataset
     from toolspec.bench.report import rescored
-    from toolspec.datasets import load_dataset
-    from toolspec.models import load_tokenizer
+    from toolspec.model.packages import load_tokenizer
 
     data = str(run.document.get("data"))
     try:
@@ -306,7 +320,7 @@ def _report(args: argparse.Namespace) -> int:
     from toolspec.bench.analysis import RunReadError, read_run
     from toolspec.bench.methods import UnknownMethodError, parse_methods
     from toolspec.bench.report import ReportConfigError, load_config, write_report
-    from toolspec.models import default_device, parse_dtype
+    from toolspec.model.loading import default_device, parse_dtype
 
     try:
         config = load_config(args.config).limited(args.limit)
@@ -361,11 +375,15 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _cost_curve(args: argparse.Namespace) -> int:
-    from toolspec.machine import describe_machine
-    from toolspec.cost_curve import (DEFAULT_SIZES, cost_curve_document, format_cost_curve,
-                                     measure_cost_curve)
-    from toolspec.models import load_model
-    from toolspec.target_model import TargetModel
+    from toolspec.model.cost_curve import (
+        DEFAULT_SIZES,
+        cost_curve_document,
+        format_cost_curve,
+        measure_cost_curve,
+    )
+    from toolspec.model.loading import load_model
+    from toolspec.model.machine import describe_machine
+    from toolspec.model.target_model import TargetModel
 
     loaded = load_model(args.model, dtype=args.dtype, prepack_linear=args.prepack_linear,
                         exact_bf16=args.exact_bf16)
@@ -414,7 +432,7 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _bench_library(args: argparse.Namespace) -> int:
-    from toolspec.library.bench import measure_library
+    from toolspec.bench.library_bench import measure_library
 
     results = measure_library(args.directory, args.sizes, args.lookups)
     if args.out:

@@ -12,6 +12,7 @@ a replica's does.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import tempfile
@@ -23,13 +24,15 @@ from typing import Any
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from toolspec.bench.datasets import BenchItem
 from toolspec.bench.methods import BASELINE, METHODS, MethodSetup, split_budget
-from toolspec.bench.run import first_difference, remember_calls
-from toolspec.datasets import BenchItem
-from toolspec.engine import Engine, Generation, GenerationParams
-from toolspec.job import DecodeJob
+from toolspec.bench.observers import MarginRecorder, observers_for
+from toolspec.bench.run import first_difference, offered_tools
+from toolspec.calls.prompts import chat_prompt, conversation_text
+from toolspec.core.batch import BatchDriver
+from toolspec.core.engine import Engine, Generation, GenerationParams, StepOutcome
+from toolspec.core.job import DecodeJob
 from toolspec.library import CallLibrary
-from toolspec.prompts import chat_prompt, conversation_text
 from toolspec.registry import LIBRARY_METHODS
 
 
@@ -51,41 +54,40 @@ def closed_loop(engine: Engine, count: int, concurrency: int,
                 finished: Callable[[int, Generation], None] = lambda index, generation: None,
                 step_rows: int | None = None) -> tuple[list[Timed], float]:
     """Run jobs ``0..count-1`` with at most ``concurrency`` active, each step one forward for
-    all of them; ``finished`` is told each generation as it ends. Returns the timings in job
-    order and the wall time of the whole run. Raises a job's failure."""
+    all of them (the one batch driver, as a replica runs them); ``finished`` is told each
+    generation as it ends. Returns the timings in job order and the wall time of the whole run.
+    Raises a job's failure."""
     waiting = iter(range(count))
-    active: dict[DecodeJob, tuple[int, float]] = {}
     first: dict[int, float] = {}
     results: list[Timed | None] = [None] * count
+    driver: BatchDriver[DecodeJob] = BatchDriver(lambda jobs: engine.step(jobs, step_rows))
     began = time.perf_counter()
 
+    def deliver(index: int, started: float, outcome: StepOutcome) -> bool:
+        if outcome.error is not None:
+            raise outcome.error
+        now = time.perf_counter()
+        if outcome.event.tokens and index not in first:
+            first[index] = now - started
+        generation = outcome.event.generation
+        if generation is None:
+            return False
+        results[index] = Timed(
+            generation.tokens, first[index], now - started, len(generation.verifications),
+            sum(step.emitted for step in generation.verifications))
+        finished(index, generation)
+        return True
+
     def fill() -> None:
-        while len(active) < concurrency:
+        while len(driver) < concurrency:
             index = next(waiting, None)
             if index is None:
                 return
-            active[start_job(index)] = (index, time.perf_counter())
+            driver.add(start_job(index), functools.partial(deliver, index, time.perf_counter()))
 
     fill()
-    while active:
-        jobs = list(active)
-        for job, outcome in zip(jobs, engine.step(jobs, step_rows)):
-            if outcome is None:
-                continue
-            if outcome.error is not None:
-                raise outcome.error
-            index, started = active[job]
-            now = time.perf_counter()
-            if outcome.event.tokens and index not in first:
-                first[index] = now - started
-            generation = outcome.event.generation
-            if generation is not None:
-                del active[job]
-                results[index] = Timed(
-                    generation.tokens, first[index], now - started,
-                    len(generation.verifications),
-                    sum(step.emitted for step in generation.verifications), generation.margins)
-                finished(index, generation)
+    while driver:
+        driver.turn()
         fill()
     return results, time.perf_counter() - began  # type: ignore[return-value]
 
@@ -112,22 +114,28 @@ def run_levels(engines: Mapping[str, Engine], tokenizer: PreTrainedTokenizerBase
 
                 # The reference run records its logit margins: a later output that differs
                 # is then told apart as a near-tie (bf16 rounding) or not.
-                own = replace(params, record_margins=reference is None)
+                recorders: dict[int, MarginRecorder] = {}
 
                 def start(index: int) -> DecodeJob:
                     item, (prompt, call_format) = items[index], prompts[index]
+                    drafter = drafter_for(())
+                    margins = recorders.setdefault(index, MarginRecorder()) \
+                        if reference is None else None
                     return engines[method].start(
-                        prompt, drafter_for(()), own, tools=item.tools,
+                        prompt, drafter, params, tools=item.tools,
                         call_format=call_format, conversation=conversation_text(item.messages),
-                        tenant=tenant)
+                        tenant=tenant, observers=observers_for(drafter, margins))
 
                 def learn(index: int, generation: Generation) -> None:
                     if library is not None:
-                        remember_calls(library, items[index],
-                                       prompts[index][1].parse(generation.text), tenant)
+                        library.remember(prompts[index][1].parse(generation.text),
+                                         offered_tools(items[index]), tenant)
 
                 timings, wall = closed_loop(engines[method], len(items), level, start, learn,
                                             step_rows)
+                timings = [replace(timed, margins=tuple(recorders[index].margins))
+                           if index in recorders else timed
+                           for index, timed in enumerate(timings)]
                 if reference is None and method == BASELINE:
                     reference = timings
                 if library is not None:

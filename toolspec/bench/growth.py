@@ -37,7 +37,8 @@ def read_series(path: Path) -> dict[str, list[tuple[int, int, int]]]:
             if row.get("library_calls") is not None and row["steps"]:
                 tokens, forwards = verification_counts(row["decode_tokens"], row["steps"],
                                                        row.get("prefill_accepted"))
-                series.setdefault(row["method"], []).append((row["library_calls"], forwards, tokens))
+                series.setdefault(row["method"], []).append(
+                    (row["library_calls"], forwards, tokens))
         if not series:
             raise GrowthInputError(f"{path}: no bench item was run with a call library")
         return series

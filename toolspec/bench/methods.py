@@ -16,14 +16,21 @@ from dataclasses import dataclass
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.drafters import Drafter, OracleDrafter, PromptLookupDrafter
-from toolspec.drafters.suffix_decoding import SuffixDecodingDrafter
+from toolspec.bench.baselines.oracle import OracleDrafter
 from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
 from toolspec.bench.baselines.samd import SamDecodingDrafter
+from toolspec.core.drafter import Drafter
+from toolspec.drafting.prompt_lookup import PromptLookupDrafter
+from toolspec.drafting.suffix_decoding import SuffixDecodingDrafter
 from toolspec.library import CallLibrary
-from toolspec.registry import LIBRARY_METHODS, PLAIN, DrafterFactory, MissingLibraryError
+from toolspec.registry import (
+    LIBRARY_METHODS,
+    PLAIN,
+    DrafterFactory,
+    MissingLibraryError,
+    UnknownMethodError,
+)
 from toolspec.registry import METHODS as REGISTERED
-from toolspec.registry import UnknownMethodError
 
 __all__ = ["BASELINE", "METHODS", "ORACLE", "RETRIEVAL_METHODS", "MethodSetup",
            "MissingLibraryError", "UnknownMethodError", "parse_methods", "split_budget"]
@@ -61,7 +68,7 @@ def _served(method: str) -> MethodBuilder:
     def build(setup: MethodSetup) -> DrafterForItem:
         if method in LIBRARY_METHODS and setup.library is None:
             raise MissingLibraryError("retrieval methods need a call library (--library DIR)")
-        factory = DrafterFactory(method, setup.tokenizer, setup.library, learn=False)
+        factory = DrafterFactory(method, setup.tokenizer, setup.library)
         return lambda ar_tokens: factory.for_request(setup.tenant)
     return build
 

@@ -44,7 +44,8 @@ def plot_cost_curves(curves: Sequence[Mapping[str, Any]], path: Path) -> None:
 
 
 def plot_growth(series: Mapping[str, Sequence[tuple[int, int, int]]], path: Path,
-                window: int = 25, title: str = "MAT as the call library grows (cold start)") -> None:
+                window: int = 25,
+                title: str = "MAT as the call library grows (cold start)") -> None:
     figure, axis = plt.subplots(figsize=(6.5, 4))
     for name, rows in series.items():
         points = growth_points(rows, window)

@@ -17,8 +17,13 @@ from typing import Any
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.bench.analysis import (Run, off_format_comparison, same_output_speedup,
-                                     step_accepted, tool_history)
+from toolspec.bench.analysis import (
+    Run,
+    off_format_comparison,
+    same_output_speedup,
+    step_accepted,
+    tool_history,
+)
 from toolspec.bench.methods import BASELINE, ORACLE, parse_methods, split_budget
 from toolspec.bench.run import ItemResult, format_markdown, summarize
 from toolspec.bench.scoring import score_output
@@ -29,7 +34,7 @@ FULL_METHOD = "toolspec"
 # Below this share of its tokens emitted by decoding steps, a method's decode speed-up is a
 # ratio of near-zero times (the oracle's output rides almost whole on the prefill): shown as –.
 MIN_DECODE_SHARE = 0.1
-# Issue 34's goals, end to end (prompt in, last token out) unless named decode: on every set
+# The benchmark's goals, end to end (prompt in, last token out) unless named decode: on every set
 # ≥ 3× plain decoding, ≥ 1.5× the best baseline (≥ 1.7× on API-Bank and BFCL), never below it;
 # decode speed-up (prefill's tokens excluded) ≥ 5× on BFCL.
 GOALS = {"e2e_vs_ar": 3.0, "e2e_vs_best_baseline": 1.5}
@@ -138,7 +143,7 @@ def _flag(path: Path, name: str, value: Any) -> bool:
 def rescored(run: Run, items: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> Run:
     """``run`` with call accuracy and format adherence filled in for results recorded before
     they existed, from the data set's ``items`` and the formats the prompts ask for."""
-    from toolspec.prompts import chat_prompt
+    from toolspec.calls.prompts import chat_prompt
 
     by_id = {item.id: item for item in items}
     formats: dict[str, Any] = {}
@@ -347,7 +352,7 @@ def report_markdown(runs: Sequence[Run], images: Sequence[Path], command: str,
 def _off_format_section(runs: Sequence[Run], per_run: Mapping[str, Mapping[str, Any]]
                         ) -> list[str]:
     """toolspec against the best baseline where plain decoding's output leaves the call format
-    (issue 34's "follow what the model writes"), per data set that has such items."""
+    ("follow what the model writes"), per data set that has such items."""
     rows = []
     for run in runs:
         best = best_baseline(per_run[run.name])

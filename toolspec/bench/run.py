@@ -17,22 +17,23 @@ from typing import Any
 from tqdm import tqdm
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.machine import describe_machine
-from toolspec.budget import CostModel
+from toolspec.bench.datasets import BenchItem
 from toolspec.bench.methods import BASELINE, METHODS, ORACLE, MethodSetup, split_budget
+from toolspec.bench.observers import MarginRecorder, observers_for
 from toolspec.bench.scoring import score_output
+from toolspec.bench.sim import SimTarget, simulate
 from toolspec.bench.states import acceptance_by_state, state_counts
-from toolspec.datasets import BenchItem
-from toolspec.drafters.base import Drafter, DraftRequest
-from toolspec.engine import Engine, Generation, GenerationParams
-from toolspec.formats import CallFormat, ToolCall
+from toolspec.calls.formats import CallFormat
+from toolspec.calls.prompts import chat_prompt, conversation_text
+from toolspec.core.budget import CostModel
+from toolspec.core.drafter import Drafter, DraftRequest
+from toolspec.core.engine import Engine, Generation, GenerationParams
 from toolspec.library import CallLibrary
-from toolspec.cost_curve import cached_cost_model
-from toolspec.models import LoadedModel, dtype_name
-from toolspec.prompts import chat_prompt, conversation_text
-from toolspec.registry import budget_for
-from toolspec.sim import SimTarget, simulate
-from toolspec.target_model import TargetModel
+from toolspec.model.cost_curve import cached_cost_model
+from toolspec.model.loading import LoadedModel, dtype_name
+from toolspec.model.machine import describe_machine
+from toolspec.model.target_model import TargetModel
+from toolspec.registry import build_engine
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,12 @@ def first_difference(ours: Sequence[int], reference: Sequence[int]) -> int | Non
 
 
 def _item_result(item: BenchItem, method: str, generation: Generation, ar: Generation,
-                 library_calls: int | None, tokenizer: PreTrainedTokenizerBase,
-                 call_format: CallFormat) -> ItemResult:
+                 ar_margins: Sequence[float], library_calls: int | None,
+                 tokenizer: PreTrainedTokenizerBase, call_format: CallFormat) -> ItemResult:
     difference = first_difference(generation.tokens, ar.tokens)
     margin = None
-    if difference is not None and ar.margins is not None and difference < len(ar.margins):
-        margin = ar.margins[difference]
+    if difference is not None and difference < len(ar_margins):
+        margin = ar_margins[difference]
     score = score_output(item, generation.text, call_format)
     by_state, drafted = state_counts(tokenizer, generation.tokens, generation.verifications,
                                      call_format, start=0 if generation.prefill_step else 1)
@@ -168,7 +169,6 @@ def run_items(
     finished = finished or {}
     if methods[0] != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r}, the reference")
-    ar_params = GenerationParams(params.max_new_tokens, params.sampling, params.stop, record_margins=True)
     setup = MethodSetup(tokenizer, library)
     drafter_for = {method: METHODS[split_budget(method)[0]](setup) for method in methods}
     # Warm-up: the first forward pays one-off allocation and kernel-selection costs.
@@ -186,19 +186,24 @@ def run_items(
                         SimTarget(item.id, tuple(prompt), tuple(earlier[method].tokens), request),
                         params.max_new_tokens, tokenizer)
             if library is not None:
-                remember_calls(library, item, item_format.parse(earlier[BASELINE].text), tenant)
+                library.remember(item_format.parse(earlier[BASELINE].text),
+                                 offered_tools(item), tenant)
             continue
         stored = library.stats().calls if library is not None else None
-        ar = engines[BASELINE].generate(prompt, None, ar_params)
-        yield _item_result(item, BASELINE, ar, ar, stored, tokenizer, item_format)
+        ar_margins = MarginRecorder()  # near-tie or not, where another output differs
+        ar = engines[BASELINE].generate(prompt, None, params, observers=(ar_margins,))
+        margins = ar_margins.margins
+        yield _item_result(item, BASELINE, ar, ar, margins, stored, tokenizer, item_format)
         for method in methods[1:]:
-            generation = engines[method].generate(prompt, drafter_for[method](ar.tokens), params,
-                                         tools=item.tools, call_format=item_format,
-                                         conversation=conversation_text(item.messages),
-                                         tenant=tenant)
-            yield _item_result(item, method, generation, ar, stored, tokenizer, item_format)
+            drafter = drafter_for[method](ar.tokens)
+            generation = engines[method].generate(prompt, drafter, params,
+                                                  tools=item.tools, call_format=item_format,
+                                                  conversation=conversation_text(item.messages),
+                                                  tenant=tenant, observers=observers_for(drafter))
+            yield _item_result(item, method, generation, ar, margins, stored, tokenizer,
+                               item_format)
         if library is not None:
-            remember_calls(library, item, item_format.parse(ar.text), tenant)
+            library.remember(item_format.parse(ar.text), offered_tools(item), tenant)
 
 
 def relearn(engine: Engine, drafter: Drafter, decoded: SimTarget, max_new_tokens: int,
@@ -210,15 +215,6 @@ def relearn(engine: Engine, drafter: Drafter, decoded: SimTarget, max_new_tokens
     Mutates: ``drafter`` and ``engine.budget``."""
     simulate(drafter, [decoded], engine.budget, tokenizer, max_new_tokens=max_new_tokens,
              draft_at_prefill=engine.draft_at_prefill)
-
-
-def remember_calls(library: CallLibrary, item: BenchItem, calls: Sequence[ToolCall],
-                   tenant: str) -> None:
-    """Add the calls the model produced on ``item`` (to tools it offers) to ``library``."""
-    offered = set(item.tools.names) if item.tools is not None else set()
-    for call in calls:
-        if call.name in offered:
-            library.add(call, tenant)
 
 
 def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -270,7 +266,8 @@ def summarize(results: Sequence[ItemResult], methods: Sequence[str]) -> dict[str
         }
     reference = summary[BASELINE]
     for entry in summary.values():
-        entry["decode_speedup"] = _ratio(entry["decode_tokens_per_s"], reference["decode_tokens_per_s"])
+        entry["decode_speedup"] = _ratio(entry["decode_tokens_per_s"],
+                                         reference["decode_tokens_per_s"])
         entry["e2e_speedup"] = _ratio(entry["e2e_tokens_per_s"], reference["e2e_tokens_per_s"])
     if ORACLE in summary:
         for entry in summary.values():
@@ -363,7 +360,7 @@ def linear_kernels(document: Mapping[str, Any]) -> str:
 
 
 def format_markdown(document: Mapping[str, Any]) -> str:
-    """A ``results.json`` document as a Markdown table (what docs/benchmarks.md embeds)."""
+    """A ``results.json`` document as a Markdown table (as the benchmark pages quote it)."""
     kernels = linear_kernels(document)
     lines = [f"{document['model']} {document['dtype']}, {document['items']} items of "
              f"`{document.get('data', '?')}`, draft budget {document.get('draft_budget', '?')}"
@@ -388,15 +385,20 @@ def format_markdown(document: Mapping[str, Any]) -> str:
 def build_engines(loaded: LoadedModel, methods: Sequence[str],
                   fixed_budget: int | None = None, draft_at_prefill: bool = True,
                   cost: CostModel | None = None) -> dict[str, Engine]:
-    """One engine per method over the same model, each with a budget of its own (sized to
-    ``cost``, by default this machine's cached cost curve, or a fixed node cap): what one
-    method's drafts taught a budget about a draft source must not steer another method's trees."""
-    model = TargetModel(loaded.model)
+    """One engine per method over the same model (``registry.build_engine``, as a replica
+    builds its own), each with a budget of its own (sized to ``cost``, by default this
+    machine's cached cost curve, or a fixed node cap): what one method's drafts taught a budget
+    about a draft source must not steer another method's trees."""
+    target = TargetModel(loaded.model)
     if fixed_budget is not None:
         cost = None
     elif cost is None:
-        cost = cached_cost_model(loaded)
-    return {method: Engine(model, loaded.tokenizer,
-                           budget=budget_for(cost, split_budget(method)[1] or fixed_budget),
-                           draft_at_prefill=draft_at_prefill)
+        cost = cached_cost_model(loaded, target=target)
+    return {method: build_engine(loaded, split_budget(method)[1] or fixed_budget, cost,
+                                 draft_at_prefill, target=target)
             for method in methods}
+
+
+def offered_tools(item: BenchItem) -> frozenset[str]:
+    """The tools ``item`` offers: the only ones whose calls its output teaches the library."""
+    return frozenset(item.tools.names) if item.tools is not None else frozenset()

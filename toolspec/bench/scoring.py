@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolspec.datasets import BenchItem
-from toolspec.formats import CallFormat, ToolCall
-from toolspec.formats.scanner import ParsedCall
-from toolspec.tools import ToolSet
+from toolspec.bench.datasets import BenchItem
+from toolspec.calls.formats import CallFormat, ToolCall
+from toolspec.calls.formats.scanner import ParsedCall
+from toolspec.calls.tools import ToolSet
 
 _IGNORED = re.compile(r"[ ,./\-_*^]")
 

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.engine import StepStats
-from toolspec.formats import CallFormat
-from toolspec.sim import token_states
+from toolspec.bench.sim import token_states
+from toolspec.calls.formats import CallFormat
+from toolspec.core.engine import StepStats
 
 
 def state_counts(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int],

@@ -14,11 +14,19 @@ per process), ``index`` (writes), ``query`` (reads), ``metadata``, ``transfer`` 
 
 from __future__ import annotations
 
-from toolspec.library.errors import (InvalidCallError, InvalidTenantError, LibraryClosedError,
-                                     LibraryError, LibraryFullError, LibraryImportError,
-                                     NotALibraryError, SettingMismatchError,
-                                     ShardCountMismatchError, ShardNotOwnedError,
-                                     UnsupportedStyleError)
+from toolspec.library.errors import (
+                                     InvalidCallError,
+                                     InvalidTenantError,
+                                     LibraryClosedError,
+                                     LibraryError,
+                                     LibraryFullError,
+                                     LibraryImportError,
+                                     NotALibraryError,
+                                     SettingMismatchError,
+                                     ShardCountMismatchError,
+                                     ShardNotOwnedError,
+                                     UnsupportedStyleError,
+)
 from toolspec.library.metadata import DEFAULT_SHARDS
 from toolspec.library.records import CallRecord, LibraryMatch, LibraryStats
 from toolspec.library.store import CallLibrary

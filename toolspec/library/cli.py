@@ -20,7 +20,7 @@ from toolspec.library.store import CallLibrary
 
 def default_library_dir() -> Path:
     """``$TOOLSPEC_HOME/library`` (``~/.cache/toolspec/library`` by default)."""
-    from toolspec.models import toolspec_home  # deferred: toolspec.models imports torch
+    from toolspec import toolspec_home
 
     return toolspec_home() / "library"
 

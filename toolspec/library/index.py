@@ -12,11 +12,22 @@ from typing import Any
 
 import lmdb
 
-from toolspec.formats import ToolCall
+from toolspec.calls.formats import ToolCall
 from toolspec.library import keys
-from toolspec.library.records import (ARGUMENT_KEYS, STYLES, CallRecord, Usage,
-                                      canonical_arguments, check_tokens, check_tool, new_record,
-                                      pack_record, record_id, tool_tag, unpack_record)
+from toolspec.library.records import (
+    ARGUMENT_KEYS,
+    STYLES,
+    CallRecord,
+    Usage,
+    canonical_arguments,
+    check_tokens,
+    check_tool,
+    new_record,
+    pack_record,
+    record_id,
+    tool_tag,
+    unpack_record,
+)
 
 Dbs = Mapping[str, Any]
 

@@ -76,10 +76,6 @@ def value_rid(value: bytes) -> bytes:
     return value[8:8 + _RID]
 
 
-def value_tag(value: bytes) -> bytes:
-    return value[8 + _RID:]
-
-
 def text_head(tenant: bytes, arguments_key: str, style: str) -> bytes:
     return tenant + SEP + ARGUMENT_TAGS[arguments_key] + SEP + STYLE_TAGS[style] + SEP
 

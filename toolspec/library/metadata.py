@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolspec.library.errors import NotALibraryError, ShardCountMismatchError, SettingMismatchError
+from toolspec.library.errors import NotALibraryError, SettingMismatchError, ShardCountMismatchError
 
 META_FILE = "library.json"
 META_FORMAT = "toolspec-call-library"

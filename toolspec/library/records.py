@@ -18,8 +18,15 @@ from typing import Any
 
 import msgpack
 
-from toolspec.formats import (COMPACT_STYLE, DEFAULT_STYLE, FORMATS, INDENTED_STYLE, CallFormat,
-                              JsonStyle, ToolCall)
+from toolspec.calls.formats import (
+    COMPACT_STYLE,
+    DEFAULT_STYLE,
+    FORMATS,
+    INDENTED_STYLE,
+    CallFormat,
+    JsonStyle,
+    ToolCall,
+)
 from toolspec.library.errors import InvalidCallError, UnsupportedStyleError
 
 #: The JSON styles every record is rendered in, by the name used in records and index keys.
@@ -199,7 +206,8 @@ def unpack_record(data: bytes) -> CallRecord:
     if raw["v"] < RECORD_VERSION:  # older records lack newer styles' renderings
         renderings = {**render_all(ToolCall(raw["n"], raw["a"])), **renderings}
     return CallRecord(tenant=raw["t"], tool=raw["n"], canonical=raw["c"], arguments=raw["a"],
-                      renderings=renderings, tokens={fp: tuple(ids) for fp, ids in raw["k"].items()},
+                      renderings=renderings,
+                      tokens={fp: tuple(ids) for fp, ids in raw["k"].items()},
                       hits=raw["h"], first_seen=raw["f"], last_used=raw["l"])
 
 

@@ -3,27 +3,37 @@
 A library is a directory with ``library.json`` (settings fixed at creation, see ``metadata``) and
 one LMDB environment per shard (``shard-00``, ``shard-01``, …). The shard of a call is a stable
 hash of (tenant, tool), so every call of one tool of one tenant lives in one shard and a lookup
-that knows the tool reads one environment. Environments open lazily in the process that uses them (see ``shards.py``): many
-processes may read and write one library; LMDB serialises the writers of each shard.
+that knows the tool reads one environment. Environments open lazily in the process that uses them
+(see ``shards.py``): many processes may read and write one library; LMDB serialises the writers of
+each shard.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from types import TracebackType
 
-from toolspec.formats import DEFAULT_STYLE, JsonStyle, ToolCall
+from toolspec.calls.formats import DEFAULT_STYLE, JsonStyle, ToolCall
 from toolspec.library import keys, query, transfer
-from toolspec.library.errors import LibraryClosedError, ShardNotOwnedError
+from toolspec.library.errors import InvalidCallError, LibraryClosedError, ShardNotOwnedError
 from toolspec.library.index import PendingCall, evict_lru, prepare, store_call, touch_record
 from toolspec.library.metadata import open_metadata
-from toolspec.library.records import (CallRecord, LibraryMatch, LibraryStats, check_arguments_key,
-                                      check_tokens, check_tool, rendering_slot, style_name,
-                                      tool_tag, unpack_record)
+from toolspec.library.records import (
+    CallRecord,
+    LibraryMatch,
+    LibraryStats,
+    check_arguments_key,
+    check_tokens,
+    check_tool,
+    rendering_slot,
+    style_name,
+    tool_tag,
+    unpack_record,
+)
 from toolspec.library.shards import EnvOptions, ShardEnv
 from toolspec.library.transfer import ImportedCall
 
@@ -129,6 +139,28 @@ class CallLibrary:
             lambda txn, dbs: store_call(txn, dbs, pending, moment, self.half_life_s))
         self._enforce_cap()
         return record
+
+    def remember(self, calls: Iterable[ToolCall], offered: Collection[str], tenant: str,
+                 on_invalid: Callable[[ToolCall, InvalidCallError], None] | None = None
+                 ) -> list[CallRecord]:
+        """Store a finished request's calls: the one way finished calls reach a library (the
+        benchmark, the simulator and a replica's library cache all call it). Only calls to a
+        tool the request ``offered`` are kept (a call to any other name was never a call of
+        that tool); a call the library refuses (``InvalidCallError``: too large, not JSON) is
+        skipped and handed to ``on_invalid`` (default: raised). Returns the stored records.
+        Mutates: the library (one transaction per call).
+        """
+        stored = []
+        for call in calls:
+            if call.name not in offered:
+                continue
+            try:
+                stored.append(self.add(call, tenant))
+            except InvalidCallError as error:
+                if on_invalid is None:
+                    raise
+                on_invalid(call, error)
+        return stored
 
     def add_many(self, calls: Iterable[tuple[ToolCall, str] | ImportedCall],
                  when: float | None = None, batch_size: int = BATCH) -> int:

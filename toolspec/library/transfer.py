@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from toolspec.formats import ToolCall, parse_arguments_json
+from toolspec.calls.formats import ToolCall, parse_arguments_json
 from toolspec.library.errors import InvalidCallError, LibraryImportError
 from toolspec.library.keys import check_when
 from toolspec.library.records import CallRecord, Usage

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from toolspec.draft_tree import ROOT, DraftTree
 from toolspec.bench.baselines.adjacency import (
     TOKEN_RECYCLING_TREE,
     AdjacencyMatrix,
     TreeTemplate,
 )
-from toolspec.drafters.base import DraftRequest
-from toolspec.drafters.best_first import Candidate, best_first_tree
+from toolspec.core.draft_tree import ROOT, DraftTree
+from toolspec.core.drafter import DraftRequest
+from toolspec.drafting.best_first import Candidate, best_first_tree
 
 # Before any evidence, the rank-r candidate is assumed accepted with 0.5 ** (r + 1).
 _FIRST_RANK_PRIOR = 0.5

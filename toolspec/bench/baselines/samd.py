@@ -1,4 +1,5 @@
-"""SAM-Decoding (Hu et al., 2024): longest-suffix match with suffix automata, drafting what followed.
+"""SAM-Decoding (Hu et al., 2024): longest-suffix match with suffix automata, drafting what
+followed.
 
 Two automata are matched against the request's tokens as they arrive: a dynamic one over the
 request itself (prompt + output, grown token by token) and a static one over a corpus of earlier
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from toolspec.draft_tree import DraftTree, WeightedDraft
-from toolspec.drafters.base import DraftRequest
 from toolspec.bench.baselines.recycling import TokenRecyclingDrafter
 from toolspec.bench.baselines.suffix_automaton import Match, SuffixAutomaton
+from toolspec.core.draft_tree import DraftTree, WeightedDraft
+from toolspec.core.drafter import DraftRequest
 
 
 class SamDecodingDrafter:

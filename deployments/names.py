@@ -1,0 +1,12 @@
+"""The names the builder deploys the Serve deployments under, and that ``/health`` reads
+Serve's status by.
+
+Constants only, importing nothing: the builder (which imports the ingress, and through it the
+HTTP app) and ``deployments.health`` both import them here, without a cycle. Nothing mutates.
+"""
+
+from __future__ import annotations
+
+MODEL_DEPLOYMENT = "ModelServer"
+# With several retrieval actors, each owning a part of the shards: ``CallLibraryService-<i>``.
+LIBRARY_DEPLOYMENT = "CallLibraryService"

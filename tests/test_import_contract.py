@@ -1,0 +1,99 @@
+"""The house's floors: a package imports only packages on lower floors (or its own), and nothing
+that serves imports what only measures. Read from the source with ``ast`` (no imports run), so
+a new arrow pointing the wrong way fails here before it spreads."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+# Floor of each part of the house; an import may point to the same floor only inside one part.
+FLOORS: dict[str, int] = {
+    "toolspec.calls": 0,      # tool sets, call formats, the output parse, prompts, grammars
+    "toolspec.library": 1,    # the sharded LMDB call library (its calls are calls.ToolCall)
+    "toolspec.core": 1,       # the decode loop and the interfaces it calls
+    "toolspec.model": 2,      # weights, kernels, the forward (implements core.forward)
+    "toolspec.drafting": 2,   # draft sources (implement core.drafter)
+    "toolspec.registry": 3,   # a method name -> drafters + budget, for bench and serving
+    "deployments": 4,         # serving: never imports measuring code
+    "toolspec.bench": 4,      # measuring: may import anything below it
+}
+
+
+def _part(module: str) -> str | None:
+    matches = [part for part in FLOORS if module == part or module.startswith(part + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def _modules() -> dict[str, Path]:
+    files = [*ROOT.joinpath("toolspec").rglob("*.py"), *ROOT.joinpath("deployments").glob("*.py")]
+    modules = {}
+    for path in files:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+MODULES = _modules()
+
+
+def test_every_module_lives_in_a_part_of_the_house() -> None:
+    homeless = sorted(name for name in MODULES if _part(name) is None and name != "toolspec")
+    assert homeless == [], f"modules outside every part in FLOORS: {homeless}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_or_within_the_same_part(module: str) -> None:
+    part = _part(module)
+    if part is None:  # the package's own __init__: lazy names only
+        return
+    wrong = []
+    for target in _imports(MODULES[module]):
+        target_part = _part(target) if target in MODULES else None
+        if target_part is None or target_part == part:
+            continue
+        if FLOORS[target_part] >= FLOORS[part]:
+            wrong.append(f"{target} (floor {FLOORS[target_part]})")
+    assert not wrong, f"{module} (floor {FLOORS[part]}) imports upward or sideways: {wrong}"
+
+
+def test_nothing_outside_bench_imports_measuring_code() -> None:
+    outside = [*ROOT.joinpath("deployments").glob("*.py"),
+               *(path for path in ROOT.joinpath("toolspec").rglob("*.py")
+                 if "bench" not in path.relative_to(ROOT).parts)]
+    offenders = {str(path.relative_to(ROOT)): sorted(
+        target for target in _imports(path) if target.startswith("toolspec.bench"))
+        for path in outside}
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_a_replica_process_never_loads_the_http_layer() -> None:
+    """The replica, its engine and scheduler import plain message types, never the ingress's
+    admission, pydantic schemas or routes (run in a fresh interpreter: nothing preloaded)."""
+    code = ("import sys, deployments.replica, deployments.chat_engine, deployments.scheduler; "
+            "print(sorted(m for m in sys.modules if m in {'deployments.api', "
+            "'deployments.admission', 'deployments.schemas', 'deployments.prompting', "
+            "'deployments.ingress', 'deployments.builder'} or m.startswith('toolspec.bench')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"

@@ -1,5 +1,0 @@
-import sys
-
-from toolspec.cli import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from toolspec.bench.main import main
+
+sys.exit(main())

@@ -1,9 +1,0 @@
-"""Llama 3.1 JSON tool calling: ``{"name": ..., "parameters": {...}}``."""
-
-from toolspec.formats.base import CallFormat
-
-
-class Llama3JsonFormat(CallFormat):
-    name = "llama3_json"
-    arguments_key = "parameters"
-    separator = "\n"
