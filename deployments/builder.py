@@ -198,6 +198,24 @@ class LimitsConfig(_Strict):
         return AdmissionLimits(**self.model_dump())
 
 
+class ResponsesConfig(_Strict):
+    """Where ``POST /v1/responses`` keeps ``store: true`` responses (for ``previous_response_id``
+    and ``GET /v1/responses/{id}``): an LMDB file on the ingress's node, which outlives the
+    ingress replica; on a cluster, a path every ingress node mounts (a shared volume)."""
+
+    enabled: bool = True
+    path: str | None = Field(None, description="default: $TOOLSPEC_HOME/responses")
+    max_age_s: float = Field(30 * 86400, gt=0, description="a stored response older than "
+                                                           "this is gone")
+    max_responses: int = Field(100_000, ge=1, description="past this many, the oldest go")
+    max_bytes: int = Field(1 << 30, ge=1 << 20, description="the store's file size at most")
+
+    def directory(self) -> str:
+        from toolspec import toolspec_home
+
+        return self.path or str(toolspec_home() / "responses")
+
+
 class AppConfig(_Strict):
     served_model_name: str | None = Field(None, description="the model id clients send")
     model: ModelConfig = ModelConfig()
@@ -227,6 +245,7 @@ class AppConfig(_Strict):
     api_keys_env: str | None = Field(
         None, description="the environment variable of the ingress's processes holding such "
                           "lines (newline- or comma-separated)")
+    responses: ResponsesConfig = ResponsesConfig()
     ingress_replicas: int = Field(1, ge=1)
     ingress_max_ongoing_requests: int = Field(256, ge=1)
 
@@ -283,7 +302,9 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
                                                retry_after_s=config.model.retry_after_s))
     renderer = config.model.model if config.count_prompt_tokens_at_ingress else None
     keys = ApiKeySource(config.api_keys_file, config.api_keys_env)
-    return ingress.bind(model, config.policy(), renderer, keys)
+    stored = config.responses.model_dump() | {"path": config.responses.directory()} \
+        if config.responses.enabled else None
+    return ingress.bind(model, config.policy(), renderer, keys, stored)
 
 
 def library_deployment_name(index: int, actors: int) -> str:

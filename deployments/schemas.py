@@ -1,4 +1,4 @@
-"""The HTTP edge: OpenAI chat-completion request bodies, in pydantic.
+"""The HTTP edge: OpenAI chat-completion and Responses request bodies, in pydantic.
 
 Only the shape is checked here; meaning (tool schemas, ``tool_choice`` against ``tools``, the
 model name, limits) is checked in ``admission``. A top-level field this server does not know is
@@ -119,3 +119,47 @@ class ChatCompletionRequest(BaseModel):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 
+
+
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses``. Input items and tools stay plain JSON here: ``responses_api``
+    reads them and names the item or tool it cannot use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[Any]
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(None, ge=1)
+    # Greedy unless asked, as chat completions here.
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # extension, as in chat completions
+    seed: int | None = None  # extension
+    strict: bool = False  # ToolSpec extension: every tool strict
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    text: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    # Known, not implemented: ``responses_api`` refuses any value but the neutral one.
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    truncation: str | None = None
+    background: bool | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
+    prompt: dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = None
+    context_management: Any = None

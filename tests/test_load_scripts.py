@@ -1,15 +1,20 @@
-"""The load scripts' arithmetic (no server): what ``load_tests/concurrency.py`` and
-``load_tests/autoscale.py`` report from the requests and the replica timeline they recorded."""
+"""The load scripts' arithmetic (no server): what ``load_tests/concurrency.py``,
+``load_tests/autoscale.py`` and ``load_tests/guidellm_bench.py`` report from what they recorded,
+and the requests GuideLLM is given."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "load_tests"))
 
 from autoscale import summarize as summarize_autoscale  # noqa: E402
 from concurrency import RequestRecord, goals, summarize  # noqa: E402
+
+from toolspec.bench.datasets import apibank_file  # noqa: E402
 
 
 def record(started: float, ttft: float, latency: float, tokens: int, prompt: int, cached: int,
@@ -53,3 +58,29 @@ def test_the_autoscaling_summary_times_each_step_of_the_load() -> None:
     assert summary["all_peak_replicas_running_after_step_up_s"] == 35
     assert summary["back_to_start_after_step_down_s"] == 90
     assert summary["failed"] == 0
+
+
+def test_guidellm_gets_our_requests_and_its_report_reads_as_our_table(tmp_path: Path) -> None:
+    import guidellm_bench
+
+    data = tmp_path / "requests.jsonl"
+    count = guidellm_bench.write(data, apibank_file("apibank:level-2"), ["simple_python:2"], 60)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(rows) == count > 2
+    assert all(row["tool_choice"] == "auto" and row["tools"] and row["messages"] for row in rows)
+
+    def metric(mean: float, p50: float, p99: float) -> dict[str, Any]:
+        return {"successful": {"mean": mean, "percentiles": {"p50": p50, "p99": p99}}}
+
+    report = {"benchmarks": [{
+        "config": {"strategy": {"streams": 4}},
+        "scheduler_metrics": {"requests_made": {"successful": 9, "errored": 1}},
+        "metrics": {"output_tokens_per_second": metric(21.5, 20, 30),
+                    "requests_per_second": metric(0.5, 0.5, 0.5),
+                    "time_to_first_token_ms": metric(900, 800, 2500),
+                    "inter_token_latency_ms": metric(40, 35, 120)}}]}
+    [row] = guidellm_bench.summarize(report)
+    assert row == {"streams": 4, "output_tokens_per_s": 21.5, "requests_per_s": 0.5,
+                   "ttft_p50_ms": 800, "ttft_p99_ms": 2500, "itl_p50_ms": 35,
+                   "itl_p99_ms": 120, "requests": 9, "errors": 1}
+    assert "| 4 | 21.5 | 0.50 | 800 / 2500 | 35 / 120 | 9 | 1 |" in guidellm_bench.markdown([row])

@@ -253,6 +253,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
     (json.dumps(body(model="gpt-9")), 404, "model"),
     (json.dumps(body(tools=[BAD_TOOL])), 400, "tools"),
     (json.dumps(body(tools=[{"type": "function"}])), 400, "tools"),
+    (json.dumps(body(tools=[])), 400, "tools"),
     (json.dumps(body(tools=[WEATHER, WEATHER])), 400, "tools"),
     (json.dumps(body(tools=[{"type": "function", "function": {**WEATHER["function"],
                                                                "strict": "yes"}}])), 400, "tools"),

@@ -22,7 +22,7 @@ from ray import serve
 from serve_fakes import by_message, failing_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.builder import LimitsConfig
+from deployments.builder import LimitsConfig, ResponsesConfig
 
 MODEL = "qwen2.5-coder-0.5b"
 WEATHER = {"type": "function", "function": {
@@ -45,6 +45,7 @@ def real_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> str:
                                          num_cpus=1, max_ongoing_requests=4),
                        library=LibraryConfig(path=str(tmp_path_factory.mktemp("lib")),
                                              num_cpus=0),
+                       responses=ResponsesConfig(path=str(tmp_path_factory.mktemp("resp"))),
                        default_max_tokens=128)
     serve.run(build_app(config), name="conform", route_prefix="/conform")
     yield f"{ray_serve}/conform"
@@ -203,6 +204,7 @@ def test_a_sessions_second_turn_reports_its_cached_prompt_tokens(real_app: str) 
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]},
      "messages[1].tool_call_id"),
     ({"logprobs": True}, "logprobs"),
+    ({"tools": []}, "tools"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"tools": [{"type": "function", "function": {"name": f"t{i}"}} for i in range(1000)],
       "max_tokens": 4}, "tools"),
@@ -213,6 +215,66 @@ def test_bad_requests_are_400_with_param(real_app: str, fields: dict[str, Any],
     if payload["messages"] is None:
         del payload["messages"]
     error = error_of(post(real_app, payload))
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+# ---- the Responses API on the default model ---------------------------------------------
+
+WEATHER_TOOL = {"type": "function", **WEATHER["function"]}  # the Responses shape
+
+
+@pytest.mark.real_model
+def test_responses_function_call_plain_and_streamed_agree(real_app: str) -> None:
+    fields = {"model": MODEL, "input": ASK_WEATHER, "tools": [WEATHER_TOOL],
+              "tool_choice": "required", "max_output_tokens": 128}
+    plain = client(real_app).responses.create(**fields)
+    [call] = [item for item in plain.output if item.type == "function_call"]
+    assert call.name == "get_weather" and plain.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    events = list(client(real_app).responses.create(**fields, stream=True))
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    done = [event for event in events if event.type == "response.function_call_arguments.done"]
+    assert [event.arguments for event in done] == [call.arguments]
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.usage.output_tokens == plain.usage.output_tokens
+
+
+@pytest.mark.real_model
+def test_responses_next_turn_from_previous_response_id_reuses_the_cached_prompt(
+        real_app: str) -> None:
+    headers = {"x-toolspec-tenant": "responses-probe"}
+    first = client(real_app).responses.create(
+        model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL], tool_choice="required",
+        max_output_tokens=64, extra_headers=headers)
+    call = next(item for item in first.output if item.type == "function_call")
+    second = client(real_app).responses.create(
+        model=MODEL, previous_response_id=first.id, tools=[WEATHER_TOOL],
+        max_output_tokens=32, extra_headers=headers,  # the same tools: the same prompt prefix
+        input=[{"type": "function_call_output", "call_id": call.call_id,
+                "output": '{"celsius": 21}'}])
+    assert second.previous_response_id == first.id and second.status in ("completed",
+                                                                          "incomplete")
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= \
+        first.usage.input_tokens // 32 * 32 > 0
+    other = httpx.get(f"{real_app}/v1/responses/{first.id}", headers={
+        "x-toolspec-tenant": "someone-else"}, timeout=30)
+    assert other.status_code == 404
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("fields, param", [
+    ({"input": [{"type": "reasoning"}]}, "input[0].type"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"max_output_tokens": 100_000}, "max_output_tokens"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+])
+def test_bad_responses_requests_are_400_with_param(real_app: str, fields: dict[str, Any],
+                                                   param: str) -> None:
+    payload = {"model": MODEL, "input": "hi", **fields}
+    response = httpx.post(f"{real_app}/v1/responses", json=payload, timeout=60)
+    error = error_of(response)
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
