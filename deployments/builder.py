@@ -93,6 +93,12 @@ class ModelConfig(_Strict):
                                     "num_cpus and num_gpus, all on one node")
     num_cpus: float = Field(1.0, ge=0, description="per rank")
     num_gpus: float = Field(0.0, ge=0, description="per rank")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per rank (e.g. {model-node: 1} "
+                                          "that only the nodes meant for model replicas have)")
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="at most this many model replicas on one node (1: spread one "
+                                "per node, so losing a node loses one replica)")
     max_ongoing_requests: int = Field(16, ge=1)
     max_queued_requests: int = Field(
         64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
@@ -144,9 +150,17 @@ class ModelConfig(_Strict):
         """Serve's per-replica placement group options: one bundle per rank, one node."""
         if self.tensor_parallel_size == 1:
             return {}
-        bundle = {"CPU": self.num_cpus, **({"GPU": self.num_gpus} if self.num_gpus else {})}
+        bundle = {"CPU": self.num_cpus, **({"GPU": self.num_gpus} if self.num_gpus else {}),
+                  **self.resources}
         return {"placement_group_bundles": [bundle] * self.tensor_parallel_size,
                 "placement_group_strategy": "STRICT_PACK"}
+
+    def actor_options(self) -> dict[str, Any]:
+        """``ray_actor_options`` of a replica (rank 0's share when split)."""
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
 
 
 def _model_heads(model: str) -> Any:
@@ -175,6 +189,10 @@ class LibraryConfig(_Strict):
     max_calls: int | None = 100_000
     seed_file: str | None = Field(None, description="calls to import into an empty library")
     num_cpus: float = Field(0.5, ge=0)
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources of each retrieval actor (pin it "
+                                          "to nodes that reach `path`: a volume the next node "
+                                          "mounts too, so the actor restarts with its calls)")
     # Replicas call it in the background and stop asking for a while when it refuses or
     # times out: a bounded queue keeps a slow library from piling up work.
     max_ongoing_requests: int = Field(32, ge=1)
@@ -247,6 +265,9 @@ class AppConfig(_Strict):
                           "lines (newline- or comma-separated)")
     responses: ResponsesConfig = ResponsesConfig()
     ingress_replicas: int = Field(1, ge=1)
+    ingress_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources of each ingress replica (e.g. "
+                                          "keep it on the head, beside the HTTP proxy)")
     ingress_max_ongoing_requests: int = Field(256, ge=1)
 
     def engine_settings(self) -> EngineSettings:
@@ -281,8 +302,9 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         "max_queued_requests": config.model.max_queued_requests,
         "backpressure_config": BackpressureConfig(status_code=429,
                                                   retry_after_s=config.model.retry_after_s),
-        "ray_actor_options": {"num_cpus": config.model.num_cpus,
-                              "num_gpus": config.model.num_gpus},
+        "ray_actor_options": config.model.actor_options(),
+        **({"max_replicas_per_node": config.model.max_replicas_per_node}
+           if config.model.max_replicas_per_node else {}),
         # Loading the model takes seconds (a minute on first use, when weights are converted).
         "health_check_timeout_s": 120,
         # A replica scaled down (or redeployed) stops taking requests and finishes those it
@@ -294,7 +316,8 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         asdict(settings), library, engine_factory)
     ingress = serve.deployment(
         Ingress, name="Ingress", num_replicas=config.ingress_replicas,
-        ray_actor_options={"num_cpus": 0.1},
+        ray_actor_options={"num_cpus": 0.1, **({"resources": dict(config.ingress_resources)}
+                                               if config.ingress_resources else {})},
         max_ongoing_requests=config.ingress_max_ongoing_requests,
         # Past this the proxy refuses (429): the model deployment's own queue fills first.
         max_queued_requests=config.ingress_max_ongoing_requests,
@@ -316,7 +339,8 @@ def library_part(config: LibraryConfig, index: int) -> Application:
     owner per shard keeps its writers serialised)."""
     deployment = serve.deployment(
         LibraryService, name=library_deployment_name(index, config.actors), num_replicas=1,
-        ray_actor_options={"num_cpus": config.num_cpus},
+        ray_actor_options={"num_cpus": config.num_cpus,
+                           **({"resources": dict(config.resources)} if config.resources else {})},
         max_ongoing_requests=config.max_ongoing_requests,
         max_queued_requests=config.max_queued_requests)
     return deployment.bind(config.path, config.shards, config.max_calls, config.seed_file,

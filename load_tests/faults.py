@@ -130,17 +130,17 @@ def library_calls() -> int | None:
 
 
 def one_request(client: httpx.Client, url: str, payload: dict[str, Any], stream: bool,
-                timeout_s: float) -> tuple[str, str]:
+                timeout_s: float, headers: dict[str, str] | None = None) -> tuple[str, str]:
     """(result, detail) of one request."""
     try:
         if not stream:
             response = client.post(f"{url}/v1/chat/completions", json=payload,
-                                   timeout=timeout_s)
+                                   timeout=timeout_s, headers=headers)
             if response.status_code == 200:
                 return "ok", ""
             return "failed", f"{response.status_code} {response.text[:120]}"
         with client.stream("POST", f"{url}/v1/chat/completions", timeout=timeout_s,
-                           json={**payload, "stream": True}) as response:
+                           json={**payload, "stream": True}, headers=headers) as response:
             if response.status_code != 200:
                 return "failed", str(response.status_code)
             error, done = "", False

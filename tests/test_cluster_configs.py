@@ -58,7 +58,8 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     assert gpu_group["replicas"] >= model.autoscaling["min_replicas"]
     # The library actor's custom resource exists on the head (KubeRay wants a quoted JSON).
     head_resources = json.loads(json.loads(cluster["headGroupSpec"]["rayStartParams"]["resources"]))
-    assert set(deployments["CallLibraryService"].ray_actor_options.resources) <= set(head_resources)
+    library = AppConfig.model_validate(application.args).library
+    assert library.resources and set(library.resources) <= set(head_resources)
 
 
 def test_the_grafana_dashboard_shows_every_metric_the_deployment_exports() -> None:
