@@ -54,6 +54,8 @@ def measure_cost_curve(
         for size in sizes:
             started = time.perf_counter()
             model.forward_tree(cache, chains[size][:1], trees[size])
+            if model.device.type == "cuda":  # kernels run asynchronously: time their end
+                torch.cuda.synchronize(model.device)
             samples[size].append(time.perf_counter() - started)
             model.commit_path(cache, prefix_length, [])
     return {size: statistics.median(times[1:]) for size, times in samples.items()}

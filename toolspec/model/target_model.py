@@ -162,6 +162,8 @@ class TargetModel(CacheOperations):
                          logits_to_keep=torch.tensor(kept, device=self.device),
                          **{RAGGED_BATCH: RaggedBatch(tuple(spans))})
         logits = out.logits[0]
+        if self.device.type == "cuda":  # kernels run asynchronously: the forward's time (and
+            torch.cuda.synchronize(self.device)  # the step's) ends when its logits exist
         result: list[torch.Tensor | None] = []
         taken = 0
         for rows in batch:
