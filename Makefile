@@ -73,11 +73,12 @@ $(AGENTS_STAMP): Makefile
 	$(AGENTS_VENV)/bin/pip install -q $(AGENT_PACKAGES)
 	touch $(AGENTS_STAMP)
 
-# The full suite (CI runs it): real weights, local Ray, HTTP end to end; ~15 minutes on 2 cores.
+# The full suite (CI runs it): real weights, local Ray, HTTP end to end, the agent frameworks, a
+# multi-node cluster, the GPU script's CPU rehearsal; ~19 minutes on 2 cores.
 test: install agents-venv
 	$(PY) -m pytest -q
 
-# The edit-test loop: no Ray, no real model weights (tiny random models, fakes); ~1.5 minutes.
+# The edit-test loop: no Ray, no real model weights (tiny random models, fakes); ~2 minutes.
 test-fast: install
 	$(PY) -m pytest -q -m "not real_model and not ray"
 
