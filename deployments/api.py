@@ -18,8 +18,8 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -172,25 +172,26 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             {"id": name, "object": "model", "created": 0, "owned_by": "toolspec", **extra}
             for name in policy.models]}
 
-    @api.post("/v1/chat/completions")
-    async def chat_completions(http: Request) -> Any:
+    async def serve_request(http: Request, admit: Callable[..., tuple[Any, ChatRequest]],
+                            reply: Callable[[Any, _Answer], _Reply]) -> Any:
+        """One request on the one engine path, whatever its wire shape: ``admit`` reads the
+        body (off the event loop: parsing and rendering take CPU), ``reply`` writes the
+        answer in the API's shape."""
         arrived = time.perf_counter()
         request_id = _request_id(http)
         tenant = tenant_of_key(http)  # before reading a body an unknown caller sent
         with tracer.start_as_current_span("toolspec.request") as span:
             raw = await _read_body(http, policy.limits.max_body_bytes)
             with tracer.start_as_current_span("toolspec.admission"):
-                # Parsing a large body and rendering its prompt take CPU time: off the loop.
-                body, request = await asyncio.to_thread(
-                    _admitted, raw, policy, renderer, request_id, http, tenant)
+                body, request = await asyncio.to_thread(admit, raw, request_id, http, tenant)
             span.set_attributes({"toolspec.request_id": request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             answer = _Answer(request, policy.expose_replica, arrived)
+            shape = reply(body, answer)
             if body.stream:
                 # The stream outlives this span; its replica call is traced on its own.
-                return StreamingResponse(_stream(client, answer, include_usage),
+                return StreamingResponse(shape.stream(client, answer),
                                          media_type="text/event-stream",
                                          headers=_id_header(http))
             try:
@@ -199,37 +200,30 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
                 answer.ended(failure.status, stream=False)
                 return failure.response(_id_header(http))
             answer.ended(200, stream=False)
-            return JSONResponse(result, headers=_id_header(http))
+            return JSONResponse(await shape.finish(result), headers=_id_header(http))
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(http: Request) -> Any:
+        def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
+                  ) -> tuple[ChatCompletionRequest, ChatRequest]:
+            return _admitted(raw, policy, renderer, request_id, http, tenant)
+
+        return await serve_request(http, admit, lambda body, answer: _ChatReply(body))
 
     @api.post("/v1/responses")
     async def create_response(http: Request) -> Any:
-        arrived = time.perf_counter()
-        request_id = _request_id(http)
-        tenant = tenant_of_key(http)
-        with tracer.start_as_current_span("toolspec.request") as span:
-            raw = await _read_body(http, policy.limits.max_body_bytes)
-            with tracer.start_as_current_span("toolspec.admission"):
-                body, turn, request = await asyncio.to_thread(
-                    _admitted_response, raw, policy, renderer, request_id, http, tenant, store)
-            span.set_attributes({"toolspec.request_id": request_id,
-                                 "toolspec.stream": body.stream,
-                                 "toolspec.tools": len(request.tools or ())})
-            answer = _Answer(request, policy.expose_replica, arrived)
-            kept = store if body.store else None
-            reply = _ResponseReply(body, turn, request.tenant, new_response_id(),
-                                   int(time.time()), kept)
-            if body.stream:
-                return StreamingResponse(_stream_response(client, answer, reply),
-                                         media_type="text/event-stream",
-                                         headers=_id_header(http))
-            try:
-                result = await _complete(client, answer)
-            except RequestFailed as failure:
-                answer.ended(failure.status, stream=False)
-                return failure.response(_id_header(http))
-            answer.ended(200, stream=False)
-            response = await reply.from_completion(result)
-            return JSONResponse(response, headers=_id_header(http))
+        def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
+                  ) -> tuple[_Admitted, ChatRequest]:
+            body, turn, request = _admitted_response(raw, policy, renderer, request_id, http,
+                                                     tenant, store)
+            return _Admitted(body, turn), request
+
+        def reply(admitted: _Admitted, answer: _Answer) -> _ResponseReply:
+            return _ResponseReply(admitted.body, admitted.turn, answer.request.tenant,
+                                  new_response_id(), int(time.time()),
+                                  store if admitted.body.store else None)
+
+        return await serve_request(http, admit, reply)
 
     @api.get("/v1/responses/{response_id}")
     async def get_response(http: Request, response_id: str) -> JSONResponse:
@@ -535,6 +529,39 @@ def _final_chunks(answer: _Answer, created: int, end: StreamEnd, include_usage: 
     return events
 
 
+class _Reply(Protocol):
+    """An API's wire shape of one answer: the stream's events, or the whole body."""
+
+    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]: ...
+
+    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class _ChatReply:
+    """Chat completions: the completion as it is, or ``chat.completion.chunk`` events."""
+
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]:
+        return _stream(client, answer, self.include_usage)
+
+    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]:
+        return completion
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """A Responses body as admitted: the body, and the chat turn it means."""
+
+    body: ResponsesRequest
+    turn: ChatTurn
+
+    @property
+    def stream(self) -> bool:
+        return self.body.stream
+
+
 class _ResponseReply:
     """One Responses answer being written: the request read, its id and time, and the store
     that keeps it (None: ``store: false`` or no store)."""
@@ -544,7 +571,10 @@ class _ResponseReply:
         self.body, self.turn, self.tenant = body, turn, tenant
         self.response_id, self.created_at, self.store = response_id, created_at, store
 
-    async def from_completion(self, completion: dict[str, Any]) -> dict[str, Any]:
+    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]:
+        return _stream_response(client, answer, self)
+
+    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]:
         """The ``response`` object for a finished chat completion (kept if asked)."""
         choice = completion["choices"][0]
         message = choice["message"]

@@ -50,7 +50,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import httpx  # noqa: E402
 import ray  # noqa: E402
-from faults import Outcome, one_request  # noqa: E402
+from faults import Outcome, load  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.state import list_actors  # noqa: E402
@@ -141,6 +141,11 @@ def library_calls() -> int:
     return handle.stats.remote().result(timeout_s=20)["calls"]
 
 
+# The load: one-turn sessions asking for a city's weather (what the scripted engine answers).
+SESSIONS = [{"tools": [WEATHER], "turns": [[{"role": "user", "content": f"Weather in {city}?"}]]}
+            for city in CITIES]
+
+
 def request_payload(index: int, max_tokens: int) -> dict[str, Any]:
     city = CITIES[index % len(CITIES)]
     return {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "tools": [WEATHER],
@@ -165,38 +170,19 @@ def across_nodes(url: str, requests: int, max_tokens: int) -> dict[str, Any]:
 
 def under_load(url: str, clients: int, seconds: float, timeout_s: float, max_tokens: int,
                action: Any) -> tuple[list[Outcome], Any]:
-    """``clients`` clients for ``seconds``; ``action()`` runs a third of the way in."""
+    """``clients`` clients (``faults.load``, a session each) for ``seconds``; ``action()``
+    runs a third of the way in."""
     stop = threading.Event()
     outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    began = time.monotonic()
-
-    def client_loop(index: int) -> None:
-        stream = index % 2 == 1
-        turn = 0
-        with httpx.Client() as client:
-            while not stop.is_set():
-                started = time.monotonic()
-                # A session per client: its turns stay on one replica while it lives, and
-                # re-pin when that replica's node goes.
-                result, detail = one_request(client, url, request_payload(index + turn,
-                                                                          max_tokens),
-                                             stream, timeout_s,
-                                             {"x-session-id": f"client-{index}"})
-                turn += 1
-                with lock:
-                    outcomes.append(Outcome(stream, started - began,
-                                            time.monotonic() - started, result, detail))
-
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
+    worker = threading.Thread(target=lambda: outcomes.extend(load(
+        url, MODEL, SESSIONS, clients, stop, time.monotonic(), timeout_s, max_tokens,
+        session_ids=True)))
+    worker.start()
     time.sleep(seconds / 3)
     acted = action()
     time.sleep(seconds * 2 / 3)
     stop.set()
-    for thread in threads:
-        thread.join(timeout=timeout_s + 30)
+    worker.join(timeout=timeout_s + 60)
     return outcomes, acted
 
 

@@ -158,14 +158,18 @@ def one_request(client: httpx.Client, url: str, payload: dict[str, Any], stream:
 
 
 def load(url: str, model: str, sessions: list[dict[str, Any]], clients: int,
-         stop: threading.Event, began: float, timeout_s: float, max_tokens: int
-         ) -> list[Outcome]:
+         stop: threading.Event, began: float, timeout_s: float, max_tokens: int,
+         session_ids: bool = False) -> list[Outcome]:
+    """``clients`` clients (odd ones streaming) sending first turns of ``sessions`` until
+    ``stop``; ``session_ids``: each client sends its own ``x-session-id`` (its requests stay
+    on one replica while it lives)."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
 
     def client_loop(index: int) -> None:
         rng = random.Random(index)
         stream = index % 2 == 1
+        headers = {"x-session-id": f"client-{index}"} if session_ids else None
         with httpx.Client() as client:
             while not stop.is_set():
                 session = rng.choice(sessions)
@@ -173,7 +177,7 @@ def load(url: str, model: str, sessions: list[dict[str, Any]], clients: int,
                            "tools": session["tools"], "max_tokens": max_tokens,
                            "temperature": 0}
                 started = time.monotonic()
-                result, detail = one_request(client, url, payload, stream, timeout_s)
+                result, detail = one_request(client, url, payload, stream, timeout_s, headers)
                 with lock:
                     outcomes.append(Outcome(stream, started - began,
                                             time.monotonic() - started, result, detail))
