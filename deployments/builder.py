@@ -25,7 +25,7 @@ from ray.serve.config import AutoscalingConfig, BackpressureConfig, RequestRoute
 
 from deployments.admission import AdmissionPolicy
 from deployments.auth import ApiKeySource
-from deployments.chat_engine import EngineSettings
+from deployments.chat_engine import EngineKind, EngineSettings, SpeculativeMethod
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
 from deployments.limits import AdmissionLimits
@@ -49,6 +49,27 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
+    engine: EngineKind = Field(
+        "toolspec", description="toolspec: the project's engine (draft trees, its batch "
+                                "scheduler, prefix cache and tensor-parallel group); vllm: "
+                                "vLLM's engine with the ToolSpec proposer (one draft chain per "
+                                "request per step)")
+    speculative_method: SpeculativeMethod = Field(
+        "toolspec", description="engine vllm: toolspec (call grammar + call library + suffix "
+                                "fallback), toolspec-schema (without the library), suffix "
+                                "(vLLM's SuffixDecoding), ngram (vLLM's prompt lookup), none")
+    speculative_tokens: int = Field(16, ge=1, le=128,
+                                    description="engine vllm: the longest draft chain")
+    kv_cache_gib: float = Field(4.0, gt=0, description="engine vllm on CPU: its KV cache")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1,
+                                          description="engine vllm on a GPU: its memory share")
+    cpu_threads: str = Field(
+        "auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$",
+        description="engine vllm on CPU: the cores its kernels run on "
+                    "(VLLM_CPU_OMP_THREADS_BIND: auto, 0, 0-3, ...)")
+    compile: bool = Field(True, description="engine vllm: compile the model graph at start "
+                                            "(faster steps; about a minute the first time, "
+                                            "cached after); false: eager")
     draft_budget: int | Literal["auto"] = Field(
         "auto", description="nodes verified per step; auto: the tree that pays most on this "
                             "machine's measured verification cost curve")
@@ -127,6 +148,13 @@ class ModelConfig(_Strict):
             options["request_router_config"] = RequestRouterConfig(
                 request_router_class=router, request_router_kwargs=kwargs)
         return options
+
+    @model_validator(mode="after")
+    def _engine_fits(self) -> ModelConfig:
+        if self.engine == "vllm" and self.exact_bf16:
+            raise ValueError("exact_bf16 is the project's engine's (engine: toolspec); vLLM's "
+                             "kernels have no such mode here")
+        return self
 
     @model_validator(mode="after")
     def _rows_valid(self) -> ModelConfig:
@@ -271,12 +299,16 @@ class AppConfig(_Strict):
     ingress_max_ongoing_requests: int = Field(256, ge=1)
 
     def engine_settings(self) -> EngineSettings:
-        return EngineSettings(self.model.model, self.model.dtype, self.model.draft_budget,
-                              prepack_linear=self.model.prepack_linear,
-                              step_rows=self.model.step_rows,
-                              prefix_cache_bytes=self.model.prefix_cache_bytes,
-                              tensor_parallel_size=self.model.tensor_parallel_size,
-                              exact_bf16=self.model.exact_bf16)
+        model = self.model
+        return EngineSettings(
+            model.model, model.dtype, engine=model.engine, draft_budget=model.draft_budget,
+            prepack_linear=model.prepack_linear, step_rows=model.step_rows,
+            prefix_cache_bytes=model.prefix_cache_bytes,
+            tensor_parallel_size=model.tensor_parallel_size, exact_bf16=model.exact_bf16,
+            speculative_method=model.speculative_method,
+            speculative_tokens=model.speculative_tokens, kv_cache_gib=model.kv_cache_gib,
+            gpu_memory_utilization=model.gpu_memory_utilization, cpu_threads=model.cpu_threads,
+            compile=model.compile)
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),
@@ -305,15 +337,16 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         "ray_actor_options": config.model.actor_options(),
         **({"max_replicas_per_node": config.model.max_replicas_per_node}
            if config.model.max_replicas_per_node else {}),
-        # Loading the model takes seconds (a minute on first use, when weights are converted).
-        "health_check_timeout_s": 120,
+        # Loading the model takes seconds (a minute on first use, when weights are converted;
+        # vLLM compiles its graph on first start).
+        "health_check_timeout_s": 300 if config.model.engine == "vllm" else 120,
         # A replica scaled down (or redeployed) stops taking requests and finishes those it
         # holds, which the request deadline bounds.
         "graceful_shutdown_timeout_s": config.request_timeout_s or 300,
         **config.model.placement(),
     }
     model = serve.deployment(ModelServer, **model_options).bind(
-        asdict(settings), library, engine_factory)
+        asdict(settings), library, engine_factory, config.request_timeout_s or 300)
     ingress = serve.deployment(
         Ingress, name="Ingress", num_replicas=config.ingress_replicas,
         ray_actor_options={"num_cpus": 0.1, **({"resources": dict(config.ingress_resources)}

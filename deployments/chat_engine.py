@@ -1,10 +1,14 @@
-"""The engine behind a replica: a chat request in, a decoding job out; many jobs per step.
+"""The engine behind a replica: a chat request in, its decoding steps out.
 
-``ChatEngine`` is the seam the replica is built on: ``open`` turns a request into a job,
-``step`` runs one step of many jobs in one forward. ``ToolSpecChatEngine`` runs the real model
-with ToolSpec drafting; tests inject a scripted engine. The prompt comes from the ingress (or
-the model's chat template); the drafter from the registry, for the request's tenant, over the
-replica's library view.
+``ChatEngine`` is the seam the replica is built on: ``open`` plans a request and gives the
+steps it will stream; the engine batches every open request as it likes. Two engines serve:
+``ToolSpecChatEngine`` (this module: the project's own loop — the batch scheduler stepping every
+request in one ragged forward, its prefix cache, its tensor-parallel group — with ToolSpec's
+draft trees) and ``deployments.vllm_engine.VLLMChatEngine`` (vLLM's async engine with the
+ToolSpec proposer); ``build_chat_engine`` picks one from ``EngineSettings.engine``. Tests inject
+a scripted engine. Both plan a request alike (``deployments.request_plan``): the prompt from the
+ingress (or the model's chat template), the drafter from the registry for the request's tenant
+over the replica's library view.
 
 Constrained requests (``ChatRequest.constrained``: ``tool_choice`` required or named,
 ``strict``, or ``response_format``) decode under a grammar compiled from the offered tools'
@@ -20,25 +24,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from deployments import metrics
-from deployments.messages import ChatRequest, ContextLengthError, context_message
-from deployments.scheduler import Job
+from deployments.messages import ChatRequest
+from deployments.request_plan import plan_request
+from deployments.scheduler import BatchScheduler
 from deployments.tensor_parallel_group import TensorParallelGroup
-from toolspec.calls.formats import CallFormat, get_format
-from toolspec.calls.prompts import chat_prompt, conversation_text
-from toolspec.calls.tool_grammar import answer_grammar, tool_call_grammar
+from toolspec.calls.formats import CallFormat
 from toolspec.core.drafter import Drafter
 from toolspec.core.engine import Engine, GenerationParams, StepReport, StepResult
-from toolspec.core.grammar_masks import GrammarCompiler, GrammarConstraint
+from toolspec.core.generation import StepEvent
+from toolspec.core.grammar_masks import GrammarCompiler
 from toolspec.core.job import DecodeJob
 from toolspec.core.prefix_cache import PrefixCache, PrefixCacheStats
-from toolspec.core.sampling import SamplingParams
 from toolspec.library import CallLibrary
 from toolspec.model.loading import LoadedModel, dtype_name, freeze_loaded_objects, load_model
 from toolspec.model.packages import DEFAULT_MODEL
@@ -49,69 +52,109 @@ from toolspec.registry import DrafterFactory, build_engine
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
 
+EngineKind = Literal["toolspec", "vllm"]
+# What a vLLM engine drafts with: the ToolSpec proposer (``toolspec``: call grammar, call
+# library, suffix fallback; ``toolspec-schema``: without the library), vLLM's own
+# SuffixDecoding (``suffix``, Arctic Inference) or n-gram prompt lookup (``ngram``), or nothing.
+SpeculativeMethod = Literal["toolspec", "toolspec-schema", "suffix", "ngram", "none"]
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    """What a replica loads: the model, its dtype, and how many draft nodes a step verifies
-    (``auto``: sized to this machine's measured cost curve, measured once and cached)."""
+    """What a replica loads: which engine, the model, its dtype, and how it drafts.
+
+    The project's engine (``engine: toolspec``) verifies draft trees of ``draft_budget`` nodes
+    (``auto``: sized to this machine's measured cost curve, measured once and cached); vLLM's
+    (``engine: vllm``) verifies one chain of at most ``speculative_tokens`` per request per
+    step, drafted by ``speculative_method``."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
+    engine: EngineKind = "toolspec"
     draft_budget: int | Literal["auto"] = "auto"
     # The replica's prefix cache: prompt blocks shared by a tenant's requests (LRU under this
-    # many bytes of keys and values); 0 turns it off.
+    # many bytes of keys and values); 0 turns it off. vLLM: any size but 0 turns its own on
+    # (its blocks live in its KV cache, ``kv_cache_gib``).
     prefix_cache_bytes: int = 1 << 30
     # fp32 on CPU: linear weights prepacked for oneDNN (faster steps, cheap verification; the
     # packed copy costs the weights' memory again). False: PyTorch's stock kernels.
     prepack_linear: bool = True
     # Rows a forward runs at most while requests decode: decoding first, prompt chunks (whole
     # blocks) fill the rest, so a long prompt slows the others' steps by a bounded factor.
-    # auto: from the cost curve (toolspec.core.budget.rows_per_step); 0: no limit.
+    # auto: from the cost curve (toolspec.core.budget.rows_per_step); 0: no limit. vLLM: its
+    # max_num_batched_tokens (auto: vLLM's default).
     step_rows: int | Literal["auto"] = "auto"
     # Ranks holding a part of every layer: the replica and N-1 worker actors in its placement
-    # group (deployments.tensor_parallel_group). 1: the whole model in the replica.
+    # group (deployments.tensor_parallel_group); vLLM: its tensor_parallel_size (its own
+    # workers). 1: the whole model in the replica.
     tensor_parallel_size: int = 1
     # bf16 on CPU: speculative outputs bitwise plain decoding's, at a cost per
     # verified row (docs/benchmarks.md); plain decoding runs through the same kernels.
     exact_bf16: bool = False
+    # vLLM only: the proposer, the longest chain, the KV cache (GiB; on a GPU, the share of
+    # its memory vLLM may use is gpu_memory_utilization), the cores its CPU kernels run on
+    # (VLLM_CPU_OMP_THREADS_BIND: "auto", "0", "0-3", ...), and whether it compiles its
+    # model graph at start (false: eager, a faster start).
+    speculative_method: SpeculativeMethod = "toolspec"
+    speculative_tokens: int = 16
+    kv_cache_gib: float = 4.0
+    gpu_memory_utilization: float = 0.85
+    cpu_threads: str = "auto"
+    compile: bool = True
 
 
 @dataclass(frozen=True)
 class OpenedRequest:
-    """An opened request: how its output is written, and its job (not yet run: the
-    replica's scheduler steps it with the others, through ``ChatEngine.step``)."""
+    """An opened request: how its output is written, and its steps (nothing runs until they
+    are iterated; leaving the iteration early ends the request and frees its slot)."""
 
     call_format: CallFormat
     prompt_tokens: int
-    job: Job
+    steps: AsyncIterator[StepEvent]
     constrained: bool = False  # decoding is grammar-constrained
 
 
 class ChatEngine(Protocol):
-    def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
-        """Build the prompt, drafter and job; nothing runs until ``step`` runs the job."""
+    # How long the replica may wait, before ``open``, for the request's tools' past calls to
+    # arrive from the retrieval actor (an engine whose drafts read the library view only at a
+    # request's start waits; one that reads it every step does not).
+    library_wait_s: float
 
-    def step(self, jobs: Sequence[Job]) -> StepResult:
-        """One step of every job in one forward (``Engine.step``); per job its event, its
-        failure, or None when it sat the step out. Called on the scheduler's thread only."""
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
+        """Plan the request (prompt, drafter, grammar); its steps run with every other open
+        request's, batched as the engine does. Raises ``ContextLengthError``."""
 
     def apply(self, settings: EngineSettings) -> None:
-        """Take new settings of the same model, dtype and weight packing (budgets)."""
+        """Take new settings that need no reload (budgets, cache sizes)."""
 
     def describe(self) -> dict[str, Any]:
-        """What is loaded: ``model``, ``dtype``, ``context_tokens`` (for ``/v1/models`` and
-        ``/health``)."""
+        """What is loaded: ``model``, ``dtype``, ``context_tokens``, ``engine``,
+        ``active_requests`` (for ``/v1/models`` and ``/health``)."""
 
     def check_health(self) -> None:
-        """Raise if the engine can no longer serve (a rank of its model is lost): Serve then
-        replaces the replica."""
+        """Raise if the engine can no longer serve (a rank of its model or its engine process
+        is lost): Serve then replaces the replica."""
 
     def close(self) -> None:
-        """Let go of what the engine holds beyond this process (worker ranks). Idempotent."""
+        """Stop serving and let go of what the engine holds beyond this process (worker ranks,
+        engine processes). Idempotent."""
+
+
+def build_chat_engine(settings: EngineSettings) -> ChatEngine:
+    """The engine ``settings.engine`` names (vLLM is imported only when it is the one)."""
+    if settings.engine == "vllm":
+        from deployments.vllm_engine import VLLMChatEngine
+
+        return VLLMChatEngine(settings)
+    return ToolSpecChatEngine(settings)
 
 
 class ToolSpecChatEngine:
-    """The target model with ToolSpec drafting. Mutates: the engine's budget statistics, the
-    grammar cache."""
+    """The target model with ToolSpec drafting, every open request stepped in one forward by a
+    ``BatchScheduler``. Mutates: the engine's budget statistics, the grammar cache, the
+    scheduler's jobs."""
+
+    library_wait_s = 0.0  # its drafters read the library view at every step
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
@@ -133,15 +176,19 @@ class ToolSpecChatEngine:
         self.grammars = GrammarCompiler(
             self.loaded.tokenizer, self.loaded.model.get_output_embeddings().weight.shape[0],
             self.engine.stop_token_ids)
+        # The engine may be replaced (``apply``): step whichever is current.
+        self.scheduler = BatchScheduler(self.step)
         freeze_loaded_objects()
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.loaded.name, "dtype": dtype_name(self.loaded.dtype),
+        return {"model": self.loaded.name, "engine": "toolspec",
+                "dtype": dtype_name(self.loaded.dtype),
                 "context_tokens": self.loaded.model.config.max_position_embeddings,
                 "draft_budget": self.settings.draft_budget,
                 "step_rows": self.engine.step_rows,
                 "tensor_parallel_size": self.loaded.tensor_parallel_size,
                 "exact_bf16": self.loaded.exact_bf16,
+                "active_requests": self.scheduler.active,
                 "prefix_cache": _describe(self.prefix_cache.stats()
                                           if self.prefix_cache is not None else None)}
 
@@ -152,6 +199,7 @@ class ToolSpecChatEngine:
                 f"({self.settings.tensor_parallel_size} ranks) is gone")
 
     def close(self) -> None:
+        self.scheduler.shutdown()
         if self.group is not None:
             self.group.close()
 
@@ -169,29 +217,23 @@ class ToolSpecChatEngine:
         self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
-        prompt, call_format = self._prompt(request)
-        context = self.loaded.model.config.max_position_embeddings
-        if len(prompt) + request.max_tokens > context:
-            raise ContextLengthError(context_message(len(prompt), request.max_tokens, context))
-        stop = request.stop
-        if request.parses_calls and not request.parallel_calls and call_format.call_close:
-            stop = (*stop, call_format.call_close)  # one call, then the output ends
+        plan = plan_request(request, self.loaded.tokenizer, self.settings.model,
+                            self.loaded.model.config.max_position_embeddings,
+                            self.grammars.added_tokens)
         params = GenerationParams(
-            max_new_tokens=request.max_tokens, stop=stop,
-            sampling=SamplingParams(request.temperature, request.top_p, request.top_k,
-                                    seed=request.seed),
-            constraint=self._constraint(request, call_format))
+            max_new_tokens=plan.max_tokens, stop=plan.stop, sampling=plan.sampling,
+            constraint=self.grammars.compile(plan.grammar) if plan.grammar else None)
         # The prompt's blocks are the tenant's in the prefix cache: another tenant's identical
         # prompt never shares them.
-        job = self.engine.start(prompt, self._drafter(request, library), params,
-                                tools=request.tools, call_format=call_format,
-                                conversation=conversation_text(request.messages),
-                                tenant=request.tenant)
-        return OpenedRequest(call_format, len(prompt), job, params.constraint is not None)
+        job = self.engine.start(plan.prompt_ids, self._drafter(request, library), params,
+                                tools=request.tools, call_format=plan.call_format,
+                                conversation=plan.conversation, tenant=request.tenant)
+        return OpenedRequest(plan.call_format, len(plan.prompt_ids), self.scheduler.run(job),
+                             plan.grammar is not None)
 
     def step(self, jobs: Sequence[DecodeJob]) -> StepResult:
         """``Engine.step`` (the engine's row budget and prefix cache); its rows and the prefix
-        cache's state go to the metrics."""
+        cache's state go to the metrics. Called on the scheduler's thread only."""
         engine = self.engine  # ``apply`` may replace it between steps
         result = engine.step(jobs)
         report = result.report
@@ -201,25 +243,6 @@ class ToolSpecChatEngine:
         if engine.prefix_cache is not None:
             metrics.record_prefix_cache(engine.prefix_cache.stats())
         return result
-
-    def _prompt(self, request: ChatRequest) -> tuple[list[int], CallFormat]:
-        """The ingress's rendering when it used this model's tokenizer, else our own."""
-        if request.prompt_ids is not None and request.prompt_model == self.settings.model \
-                and request.call_format is not None:
-            return list(request.prompt_ids), get_format(request.call_format)
-        return chat_prompt(self.loaded.tokenizer, request.messages, request.openai_tools or None)
-
-    def _constraint(self, request: ChatRequest, call_format: CallFormat
-                    ) -> GrammarConstraint | None:
-        """The compiled grammar a constrained request decodes under (None: unconstrained)."""
-        if not request.constrained:
-            return None
-        if not request.parses_calls:  # response_format alone
-            return self.grammars.compile(answer_grammar(request.answer_schema))
-        shape = "calls" if request.forces_call else "text_or_calls"
-        return self.grammars.compile(tool_call_grammar(
-            request.tools.tools, call_format, shape, request.parallel_calls,
-            self.grammars.added_tokens, None if request.forces_call else request.answer_schema))
 
     def _drafter(self, request: ChatRequest, library: CallLibrary | None) -> Drafter:
         return self.drafters.for_request(request, library)

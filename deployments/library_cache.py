@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -31,8 +29,9 @@ from deployments import metrics
 from deployments.messages import ChatRequest
 from deployments.tracing import tracer
 from toolspec.calls.formats import ToolCall
-from toolspec.library import CallLibrary, CallRecord, LibraryError
+from toolspec.library import CallRecord, LibraryError
 from toolspec.library.keys import shard_of
+from toolspec.library.mirror import LibraryMirror
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -116,9 +115,8 @@ class LibraryCache:
         self.per_lookup = per_lookup
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
-        self._directory = tempfile.mkdtemp(prefix="toolspec-replica-library-")
-        self.local = CallLibrary(self._directory, max_calls=max_calls, sync=False)
-        self._known: set[bytes] = set()  # records already copied in (their hits would inflate)
+        self.mirror = LibraryMirror(max_calls, prefix="toolspec-replica-library-")
+        self.local = self.mirror.local
         self._down_until = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.fetched = 0
@@ -126,10 +124,12 @@ class LibraryCache:
         self.sent = 0
         self.failures = 0
 
-    def prefetch(self, request: ChatRequest) -> None:
-        """Start fetching the stored calls of ``request``'s tools (returns at once)."""
+    def prefetch(self, request: ChatRequest) -> asyncio.Task | None:
+        """Start fetching the stored calls of ``request``'s tools; returns at once, with the
+        task (done once they are in the local view) or None when nothing was started."""
         if request.tools is not None and self._remote_up():
-            self._spawn(self._fetch(request.tenant, request.tools.names))
+            return self._spawn(self._fetch(request.tenant, request.tools.names))
+        return None
 
     def lookup(self, tenant: str, tool: str, typed: str, arguments_key: str
                ) -> asyncio.Task | None:
@@ -156,11 +156,10 @@ class LibraryCache:
             return
         with tracer.start_as_current_span("toolspec.library.add") as span:
             try:
-                stored = self.local.remember(calls, offered, request.tenant, on_invalid=refuse)
+                stored = self.mirror.remember(calls, offered, request.tenant, on_invalid=refuse)
             except LibraryError as error:  # the local library is closed or broken
                 logger.warning("calls not kept in the local library: %s", error)
                 stored = []
-            self._known.update(record.record_id for record in stored)
             span.set_attribute("toolspec.calls", len(stored))
         sent = [call for call in calls if call.name in offered and call not in refused]
         if sent and self._remote_up():
@@ -179,8 +178,7 @@ class LibraryCache:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def close(self) -> None:
-        self.local.close()
-        shutil.rmtree(self._directory, ignore_errors=True)
+        self.mirror.close()
 
     # ---- background work ------------------------------------------------------------------
 
@@ -214,14 +212,10 @@ class LibraryCache:
 
     def _keep(self, records: Sequence[CallRecord]) -> None:
         """Copy the records not yet in the local view into it."""
-        fresh = [r for r in records if r.record_id not in self._known]
         try:
-            for record in fresh:
-                self.local.add(record.call, record.tenant, when=record.last_used or None)
-                self._known.add(record.record_id)
+            self.fetched += self.mirror.keep(records)
         except LibraryError as error:
             logger.warning("prefetched calls not kept in the local library: %s", error)
-        self.fetched += len(fresh)
 
     async def _send(self, tenant: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
         stored = await self._call(self.remote.add_calls(tenant, calls)) is not None

@@ -10,6 +10,7 @@ from typing import Any
 from deployments.chat_engine import EngineSettings, OpenedRequest
 from deployments.messages import ChatRequest, ReplicaEvent
 from deployments.replica import ModelReplica
+from deployments.scheduler import BatchScheduler
 from toolspec.calls.formats import get_format
 from toolspec.calls.output import OutputParse
 from toolspec.core.engine import Generation, StepEvent, StepOutcome, StepResult, StepStats
@@ -29,7 +30,10 @@ class ScriptedChatEngine:
     """Answers every request with the text pieces ``script`` gives, one piece per step (a
     piece stands for however many tokens a step accepted: one "token" per character).
     ``finish`` is the engine's finish reason; ``step_s`` a pause per step (on the worker
-    thread, like a forward pass). Records the requests it was given in ``requests``."""
+    thread, like a forward pass). Its requests are stepped together by a ``BatchScheduler``,
+    as the project's engine steps them. Records the requests it was given in ``requests``."""
+
+    library_wait_s = 0.0
 
     def __init__(self, settings: EngineSettings | None = None, script: Script = HELLO,
                  call_format: str = "hermes", finish: str = "stop", step_s: float = 0.0) -> None:
@@ -40,25 +44,29 @@ class ScriptedChatEngine:
         self.step_s = step_s
         self.requests: list[ChatRequest] = []
         self.libraries: list[CallLibrary | None] = []
+        self.scheduler = BatchScheduler(self.step)
+        self.closed = False
 
     def apply(self, settings: EngineSettings) -> None:
         self.settings = settings
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "toy-model", "dtype": "float32", "context_tokens": 4096}
+        return {"model": "toy-model", "dtype": "float32", "context_tokens": 4096,
+                "engine": "scripted", "active_requests": self.scheduler.active}
 
     def check_health(self) -> None:
         pass  # nothing beyond this process to lose
 
     def close(self) -> None:
-        pass
+        self.closed = True
+        self.scheduler.shutdown()
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         self.requests.append(request)
         self.libraries.append(library)
-        return OpenedRequest(get_format(self.call_format), 11,
-                          ScriptedJob(self._steps(list(self.script(request)))),
-                          constrained=request.constrained)
+        job = ScriptedJob(self._steps(list(self.script(request))))
+        return OpenedRequest(get_format(self.call_format), 11, self.scheduler.run(job),
+                             constrained=request.constrained)
 
     def step(self, jobs: Sequence[ScriptedJob]) -> StepResult:
         """One "forward" (``step_s``) for every job: each advances by one piece."""

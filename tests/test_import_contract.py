@@ -22,8 +22,9 @@ FLOORS: dict[str, int] = {
     "toolspec.model": 2,      # weights, kernels, the forward (implements core.forward)
     "toolspec.drafting": 2,   # draft sources (implement core.drafter)
     "toolspec.registry": 3,   # a method name -> drafters + budget, for bench and serving
-    "deployments": 4,         # serving: never imports measuring code
-    "toolspec.bench": 4,      # measuring: may import anything below it
+    "toolspec.vllm": 4,       # the drafter as a vLLM speculative method (its proposer)
+    "deployments": 5,         # serving: never imports measuring code
+    "toolspec.bench": 5,      # measuring: may import anything below it
 }
 
 

@@ -48,6 +48,12 @@ class UnconstrainableToolError(ValueError):
     support (so its calls cannot be guaranteed valid); the message names the tool."""
 
 
+def added_token_ids(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's added-token texts and their ids (what ``tool_call_grammar`` writes as
+    ids)."""
+    return {token.content: index for index, token in tokenizer.added_tokens_decoder.items()}
+
+
 def closed_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     """``schema`` with ``additionalProperties: false`` on every object schema that declares
     ``properties`` and leaves ``additionalProperties`` unsaid, at any depth. Pure."""

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from toolspec.calls.tool_grammar import grammar_message
+from toolspec.calls.tool_grammar import added_token_ids, grammar_message
 from toolspec.core.sampling import SamplingParams, TokenChooser, draw, target_distribution
 
 
@@ -74,8 +74,7 @@ class GrammarCompiler:
             raise GrammarError(f"cannot build a grammar tokenizer: {error} (constrained "
                                "decoding needs a fast Hugging Face tokenizer)") from None
         self.vocab_size = vocab_size
-        self.added_tokens: Mapping[str, int] = {
-            token.content: index for index, token in tokenizer.added_tokens_decoder.items()}
+        self.added_tokens: Mapping[str, int] = added_token_ids(tokenizer)
         self.capacity = capacity
         self._cache: OrderedDict[str, GrammarConstraint] = OrderedDict()
         self._lock = threading.Lock()

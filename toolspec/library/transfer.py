@@ -55,7 +55,7 @@ def _from_list(records: list[Any], path: Path, tenant: str) -> Iterator[Imported
             for call in answer if isinstance(answer, list) else [answer]:
                 yield _call(call, where), tenant, None
         elif isinstance(record, dict):
-            yield _call(record, where), _tenant(record, tenant, where), _usage(record, where)
+            yield import_record(record, where, tenant)
         else:
             raise LibraryImportError(f"{where}: expected an API-Bank item or a call object")
 
@@ -91,9 +91,7 @@ def _from_lines(text: str, path: Path, tenant: str) -> Iterator[ImportedCall]:
         except json.JSONDecodeError as error:
             raise LibraryImportError(f"{where}: not valid JSON ({error.msg}); expected one call "
                                      f"object per line or an API-Bank JSON list") from None
-        if not isinstance(obj, dict):
-            raise LibraryImportError(f"{where}: expected a call object, got {obj!r:.80}")
-        yield _call(obj, where), _tenant(obj, tenant, where), _usage(obj, where)
+        yield import_record(obj, where, tenant)
 
 
 def read_calls(path: str | Path, tenant: str) -> list[ImportedCall]:
@@ -115,11 +113,23 @@ def read_calls(path: str | Path, tenant: str) -> list[ImportedCall]:
     return list(_from_lines(text, path, tenant))
 
 
+def export_record(record: CallRecord) -> dict[str, Any]:
+    """``record`` as plain JSON types (an export's line; what a request carries to vLLM's
+    worker): ``import_record`` reads it back with its usage."""
+    return {"tenant": record.tenant, "name": record.tool, "arguments": dict(record.arguments),
+            "hits": record.hits, "first_seen": record.first_seen, "last_used": record.last_used}
+
+
+def import_record(obj: Any, where: str = "record", tenant: str = "default") -> ImportedCall:
+    """An exported record (``export_record``) as (call, tenant, usage); raises
+    LibraryImportError naming ``where`` when it is malformed."""
+    if not isinstance(obj, dict):
+        raise LibraryImportError(f"{where}: expected a call object, got {obj!r:.80}")
+    return _call(obj, where), _tenant(obj, tenant, where), _usage(obj, where)
+
+
 def export_line(record: CallRecord) -> str:
-    return json.dumps({"tenant": record.tenant, "name": record.tool,
-                       "arguments": record.arguments, "hits": record.hits,
-                       "first_seen": record.first_seen, "last_used": record.last_used},
-                      ensure_ascii=False)
+    return json.dumps(export_record(record), ensure_ascii=False)
 
 
 def write_lines(path: str | Path, records: Iterable[CallRecord]) -> int:

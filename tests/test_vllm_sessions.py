@@ -1,0 +1,182 @@
+"""The ToolSpec proposer's drafting as vLLM drives it, without vLLM: request ids, token lists,
+one chain per step; what a request carries in ``extra_args``; failures kept to their request;
+tenants kept apart."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from toolspec.bench.datasets import load_dataset
+from toolspec.bench.sim import SimTarget, recorded_targets
+from toolspec.calls.formats import ToolCall
+from toolspec.core.draft_tree import DraftTree
+from toolspec.library import CallLibrary
+from toolspec.model.packages import load_tokenizer
+from toolspec.vllm.request import (
+    EXTRA_ARGS_KEY,
+    DraftingRequest,
+    DraftingRequestError,
+    past_calls,
+)
+from toolspec.vllm.sessions import DraftSessions, SessionSettings, best_chain
+
+ROOT = Path(__file__).parents[1]
+RECORDED = ROOT / "docs" / "recorded" / "apibank-l1-first100.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="module")
+def targets(tokenizer) -> list[SimTarget]:
+    items = load_dataset("apibank:level-1", limit=40)
+    return recorded_targets(tokenizer, items, RECORDED)
+
+
+def _drafting(target: SimTarget, tenant: str, library: CallLibrary | None,
+              method: str | None = None) -> DraftingRequest:
+    tools = target.request.tools
+    return DraftingRequest(
+        tenant=tenant, method=method, call_format=target.request.call_format.name,
+        tools=tuple(tool.openai() for tool in tools),
+        conversation=target.request.conversation,
+        past_calls=past_calls(library, tenant, tools.names) if library is not None else ())
+
+
+def _replay(sessions: DraftSessions, request_id: str, prompt: Sequence[int],
+            output: Sequence[int], limit: int) -> tuple[int, list[list[int]]]:
+    """Decode ``output`` as vLLM would with greedy acceptance: the first token comes from the
+    prefill, then each step verifies the proposer's chain. Returns the steps and the chains."""
+    context, emitted, steps, chains = [*prompt, output[0]], 1, 0, []
+    while emitted < len(output):
+        chain = sessions.propose(request_id, context, limit)
+        chains.append(chain)
+        accepted = 0
+        while accepted < len(chain) and emitted + accepted < len(output) \
+                and chain[accepted] == output[emitted + accepted]:
+            accepted += 1
+        step = list(output[emitted:emitted + accepted + 1])
+        context.extend(step)
+        emitted += len(step)
+        steps += 1
+    return steps, chains
+
+
+def _serve(tokenizer, targets: list[SimTarget], method: str, max_tokens: int = 16
+           ) -> tuple[float, int]:
+    """Every target one after another for one tenant, each request carrying the calls the
+    earlier ones made (as the replica's library view holds them). Returns tokens per step
+    and the longest chain."""
+    sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=max_tokens, method=method))
+    tokens = steps = longest = 0
+    with tempfile.TemporaryDirectory() as home, CallLibrary(home) as library:
+        for index, target in enumerate(targets):
+            request_id = f"req-{index}"
+            sessions.start(request_id, target.prompt_ids, _drafting(target, "acme", library))
+            taken, chains = _replay(sessions, request_id, target.prompt_ids, target.output_ids,
+                                    max_tokens)
+            sessions.retire(())
+            tokens += len(target.output_ids) - 1
+            steps += taken
+            longest = max([longest, *map(len, chains)])
+            text = tokenizer.decode(target.output_ids, skip_special_tokens=True)
+            library.remember(target.request.call_format.parse(text), target.request.tools.names,
+                             "acme")
+    sessions.close()
+    return tokens / steps, longest
+
+
+def test_extra_args_carry_a_request_and_reject_a_malformed_one() -> None:
+    request = DraftingRequest(tenant="acme", method="toolspec", call_format="json",
+                              tools=({"type": "function", "function": {"name": "f"}},),
+                              conversation="hi", past_calls=({"name": "f", "arguments": {}},))
+    assert DraftingRequest.from_extra_args(request.to_extra_args()) == request
+    assert DraftingRequest.from_extra_args(None) is None
+    assert DraftingRequest.from_extra_args({"other": 1}) is None
+    for bad in ({"call_format": "yaml"}, {"tenant": 3}, {"tools": "f"}, {"past_calls": [1]}):
+        with pytest.raises(DraftingRequestError):
+            DraftingRequest.from_extra_args({EXTRA_ARGS_KEY: bad})
+
+
+def test_best_chain_is_the_path_with_most_expected_tokens() -> None:
+    #      0 (a) - 1 (b) - 2 (c)        reach .9 .5 .05
+    #      3 (d) - 4 (e)                reach .8 .8
+    tree = DraftTree((1, 2, 3, 4, 5), (-1, 0, 1, -1, 3), ("s",) * 5)
+    reach = [0.9, 0.5, 0.05, 0.8, 0.8]
+    assert best_chain(tree, reach, max_tokens=8, min_reach=0.0) == [3, 4]  # 1.6 > 1.45
+    assert best_chain(tree, reach, max_tokens=1, min_reach=0.0) == [0]
+    assert best_chain(tree, [0.9, 0.9, 0.9, 0.1, 0.1], 8, min_reach=0.5) == [0, 1, 2]
+    assert best_chain(tree, [0.9, 0.9, 0.05, 0.1, 0.1], 8, min_reach=0.1) == [0, 1]
+    assert best_chain(tree, [0.01] * 5, 8, min_reach=0.1) == []
+    assert best_chain(DraftTree(), [], 8, 0.1) == []
+
+
+def test_replayed_outputs_are_drafted_as_chains_that_beat_the_fallback(tokenizer,
+                                                                       targets) -> None:
+    """The model's own API-Bank outputs (recorded plain decoding), one request after another:
+    ToolSpec's chains (call grammar + the calls earlier requests made + suffix fallback) take
+    more tokens per step than its fallback alone, and no chain is longer than K."""
+    toolspec, longest = _serve(tokenizer, targets, "toolspec")
+    suffix, _ = _serve(tokenizer, targets, "suffix")
+    assert longest <= 16
+    assert toolspec >= 3.0, toolspec
+    assert toolspec > 1.2 * suffix, (toolspec, suffix)
+
+
+def test_a_request_that_cannot_be_drafted_for_fails_alone(tokenizer, targets) -> None:
+    sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=8))
+    good, bad = targets[0], targets[1]
+    sessions.start("good", good.prompt_ids, _drafting(good, "acme", None))
+    broken = DraftingRequest(tenant="acme", method="no-such-method")
+    sessions.start("bad", bad.prompt_ids, broken)
+    assert "bad" in sessions and sessions.stats.failed_requests == 1
+    assert sessions.propose("bad", [*bad.prompt_ids, *bad.output_ids[:3]], 8) == []
+    steps, _ = _replay(sessions, "good", good.prompt_ids, good.output_ids, 8)
+    assert steps < len(good.output_ids) - 1  # it still drafts, and some drafts were taken
+    sessions.retire(["good"])
+    assert "bad" not in sessions and "good" in sessions
+    sessions.retire(())
+    assert len(sessions) == 0
+    sessions.close()
+
+
+def test_one_tenants_past_calls_are_never_drafted_for_another(tokenizer, targets) -> None:
+    """Tenant A made a call with a value nobody else wrote; the model now writes that call again
+    for A and for B (same prompt). A's drafts bring the value before the model has written it;
+    B's never do."""
+    target = next(t for t in targets if t.request.tools.names)
+    tool = target.request.tools.tools[0]
+    secret = "Zanzibar-7731"
+    call = ToolCall(tool.name, {name: secret for name in tool.parameter_order()} or {"q": secret})
+    call_format = target.request.call_format
+    output = tokenizer.encode(call_format.render([call]), add_special_tokens=False) \
+        + [tokenizer.eos_token_id]
+    sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=16))
+    early = {}
+    with tempfile.TemporaryDirectory() as home, CallLibrary(home) as library:
+        for _ in range(3):
+            library.add(call, tenant="a")
+        for tenant in ("b", "a"):
+            sessions.start(tenant, target.prompt_ids, _drafting(target, tenant, library))
+            context, emitted, drafted = [*target.prompt_ids, output[0]], 1, ""
+            while emitted < len(output):
+                chain = sessions.propose(tenant, context, 16)
+                if secret[:4] not in tokenizer.decode(output[:emitted]):
+                    drafted += tokenizer.decode(chain)  # drafted before the model wrote it
+                accepted = 0
+                while accepted < len(chain) and emitted + accepted < len(output) \
+                        and chain[accepted] == output[emitted + accepted]:
+                    accepted += 1
+                context.extend(output[emitted:emitted + accepted + 1])
+                emitted += accepted + 1
+            early[tenant] = drafted
+            sessions.retire(())
+    sessions.close()
+    assert secret not in early["b"] and "Zanz" not in early["b"]
+    assert secret in early["a"]
