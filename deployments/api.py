@@ -585,7 +585,8 @@ class _ResponseReply:
         status = "incomplete" if incomplete else "completed"
         response = response_object(
             self.body, self.response_id, self.created_at,
-            output_items(self.response_id, message.get("content") or "", calls, status),
+            output_items(self.response_id, message.get("content") or "", calls,
+                         cut=incomplete is not None),
             status, completion["usage"], incomplete, completion.get("toolspec"))
         await self.keep(response)
         return response

@@ -257,3 +257,25 @@ def test_a_failure_mid_stream_ends_with_an_error_event_and_response_failed(
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-2]["code"] == "deadline_exceeded"
     assert events[-1]["response"]["status"] == "failed"
+
+
+@pytest.mark.parametrize("pieces", [("It is ", "sunny in Pa"),
+                                    ("Checking. ", CALL[:30], CALL[30:]), (CALL, CALL[:40])])
+def test_an_answer_cut_at_max_output_tokens_is_incomplete_alike_streamed_and_whole(
+        store: ResponseStore, pieces: tuple[str, ...]) -> None:
+    """The item the cut fell in is ``incomplete``, those before it ``completed``: in the
+    whole response, in the stream's closing events, and in the stored response."""
+    engine = ScriptedChatEngine(script=fixed(*pieces), finish="length")
+    client, _ = make_client(store, engine=engine)
+    whole = create(client, max_output_tokens=16).json()
+    assert whole["status"] == "incomplete"
+    assert whole["incomplete_details"] == {"reason": "max_output_tokens"}
+    statuses = [item["status"] for item in whole["output"]]
+    assert statuses == ["completed"] * (len(statuses) - 1) + ["incomplete"]
+    events = events_of(create(client, max_output_tokens=16, stream=True).text)
+    assert events[-1]["type"] == "response.incomplete"
+    assert [item["status"] for item in events[-1]["response"]["output"]] == statuses
+    assert [e["item"]["status"] for e in events
+            if e["type"] == "response.output_item.done"] == statuses
+    kept = client.get(f"/v1/responses/{whole['id']}", headers={"x-tenant": "acme"}).json()
+    assert [item["status"] for item in kept["output"]] == statuses
