@@ -24,11 +24,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from deployments.admission import AdmissionError, load_document, validation_error
-from deployments.response_store import StoredResponse
+from deployments.response_store import StoredResponse, encoded
 from deployments.schemas import ResponsesRequest
 from deployments.tool_stream import FinishedCall, OutputDelta
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{8,64}")
+# What a stored response's answer adds, expected at most, per output token: its text is kept
+# twice (the output items, and the response object's), ~4 bytes a token each, JSON-escaped;
+# and once per answer: usage, the toolspec extension, item ids and statuses.
+_STORED_BYTES_PER_OUTPUT_TOKEN = 32
+_STORED_BYTES_PER_ANSWER = 4096
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 # Known fields this server does not implement, with the values that ask for nothing.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -105,6 +110,18 @@ def to_chat(body: ResponsesRequest, earlier: StoredResponse | None) -> ChatTurn:
                 "response_format": _response_format(body.text)}
     document.update({key: value for key, value in optional.items() if value is not None})
     return ChatTurn(document, items, origins)
+
+
+def stored_bytes_expected(body: ResponsesRequest, turn: ChatTurn, tenant: str,
+                          max_tokens: int) -> int:
+    """What keeping this turn's response will take in the store, expected at most: the
+    conversation and the response object, exactly; its answer, allowed for by its
+    ``max_tokens``."""
+    response_id = new_response_id()
+    shell = response_object(body, response_id, 0, [], "completed", None)
+    known = encoded(StoredResponse(response_id, tenant, 0.0, turn.items, [], shell, body.user))
+    return len(tenant) + len(response_id) + 1 + len(known) + \
+        _STORED_BYTES_PER_ANSWER + _STORED_BYTES_PER_OUTPUT_TOKEN * max_tokens
 
 
 def responses_param(param: str | None, turn: ChatTurn | None) -> str | None:
