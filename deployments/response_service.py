@@ -48,7 +48,7 @@ class Responses(Protocol):
 
 class LocalResponses:
     """``Responses`` over a ``ResponseStore`` in this process (its LMDB work on worker
-    threads)."""
+    threads). Mutates: the store (``put``, ``delete``)."""
 
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
@@ -92,8 +92,9 @@ class ResponseService(LocalResponses):
 
 
 class RemoteResponses:
-    """``Responses`` over a Serve handle to the ``ResponseService`` deployment; the store's
-    limit is asked once."""
+    """``Responses`` over a Serve handle to the ``ResponseService`` deployment. The store's
+    refusals come back as raised there (ResponseTooLargeError); failing to reach it is
+    ResponseStoreUnavailableError. Mutates: its copy of the store's limit, asked once."""
 
     def __init__(self, handle: Any) -> None:
         self._handle = handle
