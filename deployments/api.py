@@ -3,11 +3,11 @@
 ``create_api`` is what the Serve ingress mounts; tests mount it over a client backed by a fake
 engine. Every failure answers with an OpenAI error object: 400 for a bad request (``param``
 names the field), 404 for an unknown model, 429 with ``Retry-After`` when the replicas' queue
-is full, 504 past the request's deadline, 503 when no replica can serve — never a bare 500, a
-hang, or a stalled replica. A 5xx names the request id (the logs hold the details under it),
-never an exception's text. ``/health`` answers with ``deployments.health``'s report, which
-also keeps the model description ``/v1/models`` shows. Mutates: per request, ``http.state``
-(its id) and the metrics.
+is full, 504 past the request's deadline, 503 when no replica (or the response store) can
+serve — never a bare 500, a hang, or a stalled replica. A 5xx names the request id (the logs
+hold the details under it), never an exception's text. ``/health`` answers with
+``deployments.health``'s report, which also keeps the model description ``/v1/models``
+shows. Mutates: per request, ``http.state`` (its id) and the metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -49,7 +49,8 @@ from deployments.messages import (
     TextStep,
 )
 from deployments.prompting import PromptRenderer, fit_to_context
-from deployments.response_store import ResponseStore, StoredResponse
+from deployments.response_service import Responses, ResponseStoreUnavailableError
+from deployments.response_store import ResponseTooLargeError, StoredResponse
 from deployments.responses_api import (
     RESPONSE_ID,
     ChatTurn,
@@ -59,6 +60,7 @@ from deployments.responses_api import (
     parse_request,
     response_object,
     responses_param,
+    stored_bytes_expected,
     to_chat,
 )
 from deployments.schemas import ChatCompletionRequest, ResponsesRequest
@@ -108,7 +110,7 @@ class RequestFailed(Exception):
 
 def create_api(client: ModelClient, policy: AdmissionPolicy,
                renderer: PromptRenderer | None = None, keys: ApiKeys | None = None,
-               store: ResponseStore | None = None) -> FastAPI:
+               store: Responses | None = None) -> FastAPI:
     """The app: ``POST /v1/chat/completions``, ``POST /v1/responses`` (with ``GET`` and
     ``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``GET /health``.
 
@@ -116,7 +118,8 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
     at admission (None: the replica counts them, and refuses a prompt too long with a 400).
     ``keys``: the API keys ``/v1/*`` requires, each naming its tenant (None: open, the tenant
     header trusted). ``store``: where ``store: true`` responses are kept for
-    ``previous_response_id`` (None: none are kept)."""
+    ``previous_response_id`` (None: none are kept): one store every ingress replica reaches
+    (``deployments.response_service``)."""
     api = FastAPI(title="ToolSpec serving", docs_url=None, redoc_url=None)
 
     @api.exception_handler(AdmissionError)
@@ -127,6 +130,17 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
         if error.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @api.exception_handler(ResponseStoreUnavailableError)
+    async def store_unavailable(http: Request, error: ResponseStoreUnavailableError
+                                ) -> JSONResponse:
+        request_id = getattr(http.state, "request_id", None) or "-"
+        logger.warning("request %s: the response store is unreachable: %s", request_id, error)
+        metrics.record_request(503, "unknown", False)
+        return JSONResponse(error_body(
+            f"the response store is unavailable; retry later (request id {request_id})",
+            "service_unavailable", code="response_store_unavailable"), status_code=503,
+            headers=_id_header(http))
 
     def tenant_of_key(http: Request) -> str | None:
         """The tenant of the request's API key (None without keys); raises a 401."""
@@ -172,10 +186,11 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             {"id": name, "object": "model", "created": 0, "owned_by": "toolspec", **extra}
             for name in policy.models]}
 
-    async def serve_request(http: Request, admit: Callable[..., tuple[Any, ChatRequest]],
+    async def serve_request(http: Request,
+                            admit: Callable[..., Awaitable[tuple[Any, ChatRequest]]],
                             reply: Callable[[Any, _Answer], _Reply]) -> Any:
         """One request on the one engine path, whatever its wire shape: ``admit`` reads the
-        body (off the event loop: parsing and rendering take CPU), ``reply`` writes the
+        body (its CPU work off the event loop: parsing and rendering), ``reply`` writes the
         answer in the API's shape."""
         arrived = time.perf_counter()
         request_id = _request_id(http)
@@ -183,7 +198,7 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
         with tracer.start_as_current_span("toolspec.request") as span:
             raw = await _read_body(http, policy.limits.max_body_bytes)
             with tracer.start_as_current_span("toolspec.admission"):
-                body, request = await asyncio.to_thread(admit, raw, request_id, http, tenant)
+                body, request = await admit(raw, request_id, http, tenant)
             span.set_attributes({"toolspec.request_id": request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})
@@ -204,18 +219,26 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
 
     @api.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Any:
-        def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
-                  ) -> tuple[ChatCompletionRequest, ChatRequest]:
-            return _admitted(raw, policy, renderer, request_id, http, tenant)
+        async def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
+                        ) -> tuple[ChatCompletionRequest, ChatRequest]:
+            return await asyncio.to_thread(_admitted, raw, policy, renderer, request_id, http,
+                                           tenant)
 
         return await serve_request(http, admit, lambda body, answer: _ChatReply(body))
 
     @api.post("/v1/responses")
     async def create_response(http: Request) -> Any:
-        def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
-                  ) -> tuple[_Admitted, ChatRequest]:
-            body, turn, request = _admitted_response(raw, policy, renderer, request_id, http,
-                                                     tenant, store)
+        async def admit(raw: bytes, request_id: str, http: Request, key_tenant: str | None
+                        ) -> tuple[_Admitted, ChatRequest]:
+            body = await asyncio.to_thread(parse_request, raw, policy.limits)
+            tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers),
+                                    body.user, key_tenant)
+            earlier = await _earlier_response(store, tenant, body)
+            limit = await store.max_response_bytes() \
+                if store is not None and body.store else None
+            turn, request = await asyncio.to_thread(_admitted_response, body, earlier, policy,
+                                                    renderer, request_id, http, key_tenant,
+                                                    limit)
             return _Admitted(body, turn), request
 
         def reply(admitted: _Admitted, answer: _Answer) -> _ResponseReply:
@@ -233,20 +256,25 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(http: Request, response_id: str) -> JSONResponse:
         stored = await _stored(http, response_id)
-        await asyncio.to_thread(store.delete, stored.tenant, stored.id)
+        await store.delete(stored.tenant, stored.id)
         return JSONResponse({"id": stored.id, "object": "response.deleted", "deleted": True},
                             headers=_id_header(http))
 
     async def _stored(http: Request, response_id: str) -> StoredResponse:
-        """The caller's stored response, or a 404 (unknown, another tenant's, or expired)."""
+        """The caller's stored response, or a 404 (unknown, another tenant's, or expired).
+        The caller's tenant is found as ``POST`` found it: its API key, else the tenant
+        header, else (where the deployment names tenants by ``user``) the ``user`` query
+        parameter — a ``GET`` has no body to carry it."""
         _request_id(http)
-        tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers), None,
-                                tenant_of_key(http))
+        tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers),
+                                http.query_params.get("user"), tenant_of_key(http))
         found = None
         if store is not None and RESPONSE_ID.fullmatch(response_id):
-            found = await asyncio.to_thread(store.get, tenant, response_id)
+            found = await store.get(tenant, response_id)
         if found is None:
-            raise AdmissionError(404, f"response {response_id[:80]!r} not found",
+            hint = " (this server names the tenant by `user`: pass ?user=<the request's " \
+                "user>)" if policy.tenants.from_user and keys is None else ""
+            raise AdmissionError(404, f"response {response_id[:80]!r} not found{hint}",
                                  param="response_id", code="response_not_found")
         return found
 
@@ -282,26 +310,32 @@ def _admitted(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | No
                           tenant)
 
 
-def _admitted_response(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
+async def _earlier_response(store: Responses | None, tenant: str, body: ResponsesRequest
+                            ) -> StoredResponse | None:
+    """The stored response ``previous_response_id`` names (None when it names none); a 400
+    without a store, a 404 when it is not the tenant's."""
+    if body.previous_response_id is None:
+        return None
+    if store is None:
+        raise AdmissionError(400, "this server keeps no responses: send the whole "
+                             "conversation as input", param="previous_response_id",
+                             code="unsupported_parameter")
+    earlier = await store.get(tenant, body.previous_response_id)
+    if earlier is None:
+        raise AdmissionError(404, f"previous response {body.previous_response_id!r} not "
+                             "found", param="previous_response_id",
+                             code="previous_response_not_found")
+    return earlier
+
+
+def _admitted_response(body: ResponsesRequest, earlier: StoredResponse | None,
+                       policy: AdmissionPolicy, renderer: PromptRenderer | None,
                        request_id: str, http: Request, key_tenant: str | None,
-                       store: ResponseStore | None
-                       ) -> tuple[ResponsesRequest, ChatTurn, ChatRequest]:
-    """A Responses body admitted as the chat request it means (earlier turns from the store);
-    a refusal names the Responses field."""
-    body = parse_request(raw, policy.limits)
-    tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers), body.user,
-                            key_tenant)
-    earlier = None
-    if body.previous_response_id is not None:
-        if store is None:
-            raise AdmissionError(400, "this server keeps no responses: send the whole "
-                                 "conversation as input", param="previous_response_id",
-                                 code="unsupported_parameter")
-        earlier = store.get(tenant, body.previous_response_id)
-        if earlier is None:
-            raise AdmissionError(404, f"previous response {body.previous_response_id!r} not "
-                                 "found", param="previous_response_id",
-                                 code="previous_response_not_found")
+                       store_limit: int | None) -> tuple[ChatTurn, ChatRequest]:
+    """A Responses body admitted as the chat request it means (``earlier``: the turns it
+    continues); a refusal names the Responses field. ``store_limit``: the most the response
+    may take in the store (None: it is not kept) — one that would not fit is refused here,
+    before the model runs."""
     turn = to_chat(body, earlier)
     try:
         _, request = _admitted_chat(validate_chat(turn.document), policy, renderer,
@@ -311,7 +345,15 @@ def _admitted_response(raw: bytes, policy: AdmissionPolicy, renderer: PromptRend
         message = error.message.replace(error.param, param) if error.param and param \
             else error.message
         raise AdmissionError(error.status, message, param, error.code, error.kind) from None
-    return body, turn, request
+    if store_limit is not None:
+        expected = stored_bytes_expected(body, turn, request.tenant, request.max_tokens)
+        if expected > store_limit:
+            raise AdmissionError(400, f"this response would take about {expected} bytes in "
+                                 f"the response store, which keeps at most {store_limit} per "
+                                 "response: send store: false (with the whole conversation "
+                                 "as input), or a shorter conversation or max_output_tokens",
+                                 param="store", code="response_too_large")
+    return turn, request
 
 
 def _admitted_chat(body: ChatCompletionRequest, policy: AdmissionPolicy,
@@ -567,7 +609,7 @@ class _ResponseReply:
     that keeps it (None: ``store: false`` or no store)."""
 
     def __init__(self, body: ResponsesRequest, turn: ChatTurn, tenant: str, response_id: str,
-                 created_at: int, store: ResponseStore | None) -> None:
+                 created_at: int, store: Responses | None) -> None:
         self.body, self.turn, self.tenant = body, turn, tenant
         self.response_id, self.created_at, self.store = response_id, created_at, store
 
@@ -585,18 +627,24 @@ class _ResponseReply:
         status = "incomplete" if incomplete else "completed"
         response = response_object(
             self.body, self.response_id, self.created_at,
-            output_items(self.response_id, message.get("content") or "", calls, status),
+            output_items(self.response_id, message.get("content") or "", calls,
+                         cut=incomplete is not None),
             status, completion["usage"], incomplete, completion.get("toolspec"))
         await self.keep(response)
         return response
 
     async def keep(self, response: dict[str, Any]) -> None:
-        """Keep ``response`` for the next turn, under its tenant, if asked."""
+        """Keep ``response`` for the next turn, under its tenant, if asked. One larger than
+        admission expected (its output far wordier per token than admission allows for) is
+        not kept, and logged: the answer is the client's all the same."""
         if self.store is None:
             return
-        await asyncio.to_thread(self.store.put, StoredResponse(
-            self.response_id, self.tenant, float(self.created_at), self.turn.items,
-            response["output"], response))
+        try:
+            await self.store.put(StoredResponse(
+                self.response_id, self.tenant, float(self.created_at), self.turn.items,
+                response["output"], response, self.body.user))
+        except ResponseTooLargeError as error:
+            logger.error("response %s not stored: %s", self.response_id, error)
 
 
 async def _stream_response(client: ModelClient, answer: _Answer, reply: _ResponseReply

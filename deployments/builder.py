@@ -2,9 +2,9 @@
 
     Ingress (FastAPI, OpenAI API)  --prompt blocks, session-->  ModelServer replicas
                                                           (prefix-aware router, autoscaled)
-                                                          |  prefetch / add calls
-                                                          v
-                                                    CallLibraryService (one actor, LMDB)
+    |  stored responses                                   |  prefetch / add calls
+    v                                                     v
+  ResponseStore (one actor, LMDB)                   CallLibraryService (one actor, LMDB)
 
 ``serve_config.yaml`` points at ``deployments:app_builder`` with ``args`` (this config); its
 per-deployment entries (replicas, actor options, ``user_config``...) override the defaults set
@@ -29,9 +29,10 @@ from deployments.chat_engine import EngineKind, EngineSettings, SpeculativeMetho
 from deployments.ingress import Ingress
 from deployments.library_service import LibraryService
 from deployments.limits import AdmissionLimits
-from deployments.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT
+from deployments.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT, RESPONSES_DEPLOYMENT
 from deployments.prefix_router import PREFIX_ROUTER
 from deployments.replica import EngineFactory, ModelServer
+from deployments.response_service import ResponseService
 from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from toolspec.model.packages import DEFAULT_MODEL
 from toolspec.model.tensor_parallel import check_divides
@@ -246,20 +247,23 @@ class LimitsConfig(_Strict):
 
 class ResponsesConfig(_Strict):
     """Where ``POST /v1/responses`` keeps ``store: true`` responses (for ``previous_response_id``
-    and ``GET /v1/responses/{id}``): an LMDB file on the ingress's node, which outlives the
-    ingress replica; on a cluster, a path every ingress node mounts (a shared volume)."""
+    and ``GET /v1/responses/{id}``): an LMDB file owned by one actor (the ``ResponseStore``
+    deployment) that every ingress replica calls; on a cluster, pin it (``resources``) to the
+    node whose disk holds ``path`` (a persistent volume: the responses outlive the node)."""
 
     enabled: bool = True
-    path: str | None = Field(None, description="default: $TOOLSPEC_HOME/responses")
+    path: str | None = Field(None, description="default: $TOOLSPEC_HOME/responses on the "
+                                               "actor's node")
     max_age_s: float = Field(30 * 86400, gt=0, description="a stored response older than "
                                                            "this is gone")
     max_responses: int = Field(100_000, ge=1, description="past this many, the oldest go")
-    max_bytes: int = Field(1 << 30, ge=1 << 20, description="the store's file size at most")
-
-    def directory(self) -> str:
-        from toolspec import toolspec_home
-
-        return self.path or str(toolspec_home() / "responses")
+    max_bytes: int = Field(1 << 30, ge=1 << 20, description="the store's file size at most; "
+                                                            "full, the oldest go; one "
+                                                            "response takes a quarter at most")
+    num_cpus: float = Field(0.1, ge=0)
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources of the store's actor (pin it "
+                                          "to the node whose disk holds `path`)")
 
 
 class AppConfig(_Strict):
@@ -358,9 +362,8 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
                                                retry_after_s=config.model.retry_after_s))
     renderer = config.model.model if config.count_prompt_tokens_at_ingress else None
     keys = ApiKeySource(config.api_keys_file, config.api_keys_env)
-    stored = config.responses.model_dump() | {"path": config.responses.directory()} \
-        if config.responses.enabled else None
-    return ingress.bind(model, config.policy(), renderer, keys, stored)
+    responses = responses_part(config.responses) if config.responses.enabled else None
+    return ingress.bind(model, config.policy(), renderer, keys, responses)
 
 
 def library_deployment_name(index: int, actors: int) -> str:
@@ -378,6 +381,18 @@ def library_part(config: LibraryConfig, index: int) -> Application:
         max_queued_requests=config.max_queued_requests)
     return deployment.bind(config.path, config.shards, config.max_calls, config.seed_file,
                            part=(index, config.actors))
+
+
+def responses_part(config: ResponsesConfig) -> Application:
+    """The response store's actor (one replica: one writer of its file), which every ingress
+    replica calls."""
+    deployment = serve.deployment(
+        ResponseService, name=RESPONSES_DEPLOYMENT, num_replicas=1,
+        ray_actor_options={"num_cpus": config.num_cpus,
+                           **({"resources": dict(config.resources)} if config.resources else {})},
+        max_ongoing_requests=64)  # quick LMDB reads and writes, on the actor's threads
+    return deployment.bind(config.path, config.max_age_s, config.max_responses,
+                           config.max_bytes)
 
 
 def app_builder(args: dict[str, Any]) -> Application:

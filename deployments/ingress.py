@@ -27,7 +27,7 @@ from deployments.messages import (
     ReplicaUnavailableError,
 )
 from deployments.prompting import PromptRenderer
-from deployments.response_store import ResponseStore
+from deployments.response_service import RemoteResponses
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -101,22 +101,20 @@ class Ingress:
     """Serve deployment class; the FastAPI app is built per replica from its arguments.
     ``renderer_model``: the model whose chat template and tokenizer count prompts at
     admission (None: the replica counts them); ``api_keys``: where the keys are, if any;
-    ``responses``: the response store's settings (None: none kept)."""
+    ``responses``: a handle to the response store's deployment (None: none kept)."""
 
     def __init__(self, model: Any, policy: AdmissionPolicy,
                  renderer_model: str | None = None,
                  api_keys: ApiKeySource = ApiKeySource(),
-                 responses: dict[str, Any] | None = None) -> None:
+                 responses: Any | None = None) -> None:
         self.client = ServeModelClient(model)
         self.policy = policy
         self.renderer = PromptRenderer(renderer_model) if renderer_model else None
         # Read here, on the ingress's node (a mounted secret, its environment); a deployment
         # that names keys it cannot read fails to start rather than start open.
         self.keys = api_keys.load() if api_keys.configured else None
-        # ``ResponsesConfig`` as a dict (None: no responses kept); opened on this node.
-        self.store = ResponseStore(responses["path"], responses["max_age_s"],
-                                   responses["max_responses"], responses["max_bytes"]) \
-            if responses is not None else None
+        # One store for every ingress replica, in its own actor (None: no responses kept).
+        self.store = RemoteResponses(responses) if responses is not None else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_api(self.client, self.policy, self.renderer, self.keys, self.store)

@@ -10,3 +10,5 @@ from __future__ import annotations
 MODEL_DEPLOYMENT = "ModelServer"
 # With several retrieval actors, each owning a part of the shards: ``CallLibraryService-<i>``.
 LIBRARY_DEPLOYMENT = "CallLibraryService"
+# The one owner of the stored responses (``store: true``), which every ingress replica calls.
+RESPONSES_DEPLOYMENT = "ResponseStore"

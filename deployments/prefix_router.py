@@ -12,9 +12,14 @@ the replicas for each request:
    recently, if that is at least ``match_rate_threshold`` of them (a chat template's fixed
    header, common to every request, is no reason to crowd one replica);
 3. for a prompt no replica has seen, its *home*: the replica with the highest rendezvous hash
-   of the prompt's anchor (the key of its first blocks, where the system prompt and tools
-   sit), so every ingress replica sends the same cold prefix to the same replica without
-   sharing state, and replicas that come and go move only the prefixes they take or held.
+   of the prompt's anchor, so every ingress replica sends the same cold prefix to the same
+   replica without sharing state, and replicas that come and go move only the prefixes they
+   take or held. The anchor is the prompt's opening — its tenant, its tools and its first
+   message (the system prompt where there is one): what its leading blocks render, and what
+   every turn of a conversation repeats, whatever its length. (The key of its first N blocks
+   would not do: for a prompt shorter than N blocks it is the key of its last block, which
+   the next turn moves, so another ingress replica, which has no memory of the conversation,
+   would send the next turn elsewhere.)
 
 A replica whose queue is longer than the shortest by more than ``imbalanced_threshold`` is
 passed over (Ray Serve LLM's prefix-aware router does the same): affinity never piles a
@@ -31,9 +36,11 @@ cold routing consistent across ingress replicas.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -52,28 +59,25 @@ class PrefixAwareRouter(RequestRouter):
     Kwargs (``request_router_kwargs``): ``imbalanced_threshold`` (queued requests a replica
     may have beyond the least loaded one and still be chosen for affinity),
     ``match_rate_threshold`` (the share of a prompt's blocks a replica must be known to hold
-    to be chosen for them), ``anchor_blocks``
-    (blocks whose key picks a cold prompt's home), ``remembered_blocks`` and
-    ``remembered_sessions`` (what the router keeps, least recently used dropped first),
-    ``block_tokens`` (the replicas' prefix-cache block size). Mutates: its own memory of
-    what went where.
+    to be chosen for them), ``remembered_blocks`` and ``remembered_sessions`` (what the router
+    keeps, least recently used dropped first), ``block_tokens`` (the replicas' prefix-cache
+    block size). ``reasons`` counts its decisions by reason (as ``toolspec_routing_decisions``
+    does). Mutates: its own memory of what went where.
     """
 
     def initialize_state(self, imbalanced_threshold: int = 4, match_rate_threshold: float = 0.5,
-                         anchor_blocks: int = 16, remembered_blocks: int = 200_000,
-                         remembered_sessions: int = 50_000,
+                         remembered_blocks: int = 200_000, remembered_sessions: int = 50_000,
                          block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
-        if imbalanced_threshold < 0 or anchor_blocks < 1 or block_tokens < 1 \
-                or not 0 <= match_rate_threshold <= 1:
-            raise ValueError("imbalanced_threshold must be >= 0, anchor_blocks and "
-                             "block_tokens >= 1, match_rate_threshold in [0, 1]")
+        if imbalanced_threshold < 0 or block_tokens < 1 or not 0 <= match_rate_threshold <= 1:
+            raise ValueError("imbalanced_threshold must be >= 0, block_tokens >= 1, "
+                             "match_rate_threshold in [0, 1]")
         self._imbalanced_threshold = imbalanced_threshold
         self._match_rate_threshold = match_rate_threshold
-        self._anchor_blocks = anchor_blocks
         self._block_tokens = block_tokens
         self._places = RoutingMemory(remembered_blocks, remembered_sessions)
-        self._decisions: OrderedDict[str, tuple[str, ReplicaID | None, int, int]] = \
-            OrderedDict()
+        # Per request being routed: why its first choice was first, and what routing read.
+        self._decisions: OrderedDict[str, _Decision] = OrderedDict()
+        self.reasons: Counter[str] = Counter()
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
@@ -88,21 +92,23 @@ class PrefixAwareRouter(RequestRouter):
                   for r in candidate_replicas}
         ranked, reason, matched = rank_replicas(
             [r.replica_id for r in candidate_replicas], queues, request, self._places,
-            self._anchor_blocks, self._imbalanced_threshold, self._match_rate_threshold)
+            self._imbalanced_threshold, self._match_rate_threshold)
         by_id = {r.replica_id: r for r in candidate_replicas}
-        self._remember_decision(pending_request, reason, ranked[0] if ranked else None,
-                                matched, len(request.keys))
+        self._remember_decision(pending_request, _Decision(reason, ranked[0], matched, request))
         return [[by_id[replica_id]] for replica_id in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
-        request = routed_request(pending_request, self._block_tokens)
-        self._places.record(request, replica_id)
-        reason, first, matched, total = self._decisions.pop(
-            pending_request.metadata.internal_request_id, ("unranked", None, 0, 0))
-        if first is not None and replica_id != first:
+        decision = self._decisions.pop(pending_request.metadata.internal_request_id, None)
+        if decision is None:  # routed without a ranking of ours (or one since forgotten)
+            decision = _Decision("unranked", None, 0,
+                                 routed_request(pending_request, self._block_tokens))
+        self._places.record(decision.request, replica_id)
+        reason, matched = decision.reason, decision.matched
+        if decision.first is not None and replica_id != decision.first:
             reason, matched = "fallback", 0  # the first choice was full: it went elsewhere
-        metrics.record_routing(reason, matched, total)
+        self.reasons[reason] += 1
+        metrics.record_routing(reason, matched, len(decision.request.keys))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -112,22 +118,29 @@ class PrefixAwareRouter(RequestRouter):
         super().update_replicas(replicas)
         self._places.keep_only(set(self._replica_id_set))
 
-    def _remember_decision(self, pending_request: PendingRequest, reason: str,
-                           first: ReplicaID | None, matched: int, total: int) -> None:
-        self._decisions[pending_request.metadata.internal_request_id] = (reason, first, matched,
-                                                                        total)
+    def _remember_decision(self, pending_request: PendingRequest, decision: _Decision) -> None:
+        self._decisions[pending_request.metadata.internal_request_id] = decision
         while len(self._decisions) > 10_000:  # decisions whose request never got routed
             self._decisions.popitem(last=False)
 
 
 class RoutedRequest:
-    """What routing reads of a request: its session, and its prompt's block keys (chained
-    over its tenant, as the replicas' prefix caches key them; a request the ingress did not
-    tokenize has one key, over its tenant and messages)."""
+    """What routing reads of a request: its session, its prompt's block keys (chained over
+    its tenant, as the replicas' prefix caches key them; a request the ingress did not
+    tokenize has one key, its anchor), and its anchor (see ``opening_anchor``)."""
 
-    def __init__(self, session: str | None, keys: Sequence[bytes]) -> None:
+    def __init__(self, session: str | None, keys: Sequence[bytes], anchor: bytes) -> None:
         self.session = session
         self.keys = list(keys)
+        self.anchor = anchor
+
+
+@dataclass(frozen=True)
+class _Decision:
+    reason: str
+    first: ReplicaID | None
+    matched: int
+    request: RoutedRequest
 
 
 def routed_request(pending_request: PendingRequest, block_tokens: int) -> RoutedRequest:
@@ -135,15 +148,21 @@ def routed_request(pending_request: PendingRequest, block_tokens: int) -> Routed
     tenant = str(getattr(request, "tenant", "default"))
     session_id = pending_request.metadata.session_id or getattr(request, "session_id", None)
     session = f"{tenant}/{session_id}" if session_id else None
+    anchor = opening_anchor(tenant, getattr(request, "openai_tools", None) or (),
+                            getattr(request, "messages", ()))
     prompt = getattr(request, "prompt_ids", None)
-    if prompt:
-        keys = block_keys(tenant, prompt, block_tokens)
-        if keys:
-            return RoutedRequest(session, keys)
-    # No rendered prompt (or one shorter than a block): one key over what it starts with.
-    fallback = repr((tenant, getattr(request, "openai_tools", None),
-                     getattr(request, "messages", ())[:1])).encode()
-    return RoutedRequest(session, [hashlib.blake2b(fallback, digest_size=16).digest()])
+    keys = block_keys(tenant, prompt, block_tokens) if prompt else []
+    # No rendered prompt (or one shorter than a block): its anchor stands for its blocks.
+    return RoutedRequest(session, keys or [anchor], anchor)
+
+
+def opening_anchor(tenant: str, tools: Sequence[Any], messages: Sequence[Any]) -> bytes:
+    """The key a cold prompt's home is hashed from: its tenant, its tools and its first
+    message (the system prompt where there is one) — where every turn of a conversation, and
+    every conversation of an application, starts."""
+    opening = json.dumps([tenant, list(tools), list(messages[:1])], sort_keys=True,
+                         ensure_ascii=False, default=str)
+    return hashlib.blake2b(opening.encode(), digest_size=16).digest()
 
 
 class RoutingMemory:
@@ -197,9 +216,8 @@ class RoutingMemory:
 
 
 def rank_replicas(replicas: Sequence[ReplicaID], queues: dict[ReplicaID, int],
-                  request: RoutedRequest, places: RoutingMemory, anchor_blocks: int,
-                  imbalanced_threshold: int, match_rate_threshold: float = 0.5
-                  ) -> tuple[list[ReplicaID], str, int]:
+                  request: RoutedRequest, places: RoutingMemory, imbalanced_threshold: int,
+                  match_rate_threshold: float = 0.5) -> tuple[list[ReplicaID], str, int]:
     """``replicas`` best first for ``request``, why the first is first (``session``,
     ``prefix``, ``home``, or ``rebalanced`` when its best place's queue was too long), and
     how many prompt blocks it is known to hold.
@@ -207,7 +225,7 @@ def rank_replicas(replicas: Sequence[ReplicaID], queues: dict[ReplicaID, int],
     then matched blocks (counted where they are at least ``match_rate_threshold`` of the
     prompt's), then the rendezvous hash of the prompt's anchor; the rest follow by queue
     length."""
-    anchor = request.keys[min(len(request.keys), anchor_blocks) - 1]
+    anchor = request.anchor
     session_replica = places.sessions.get(request.session) if request.session else None
     shortest = min(queues.get(r, 0) for r in replicas)
     matched = {r: places.matched_blocks(request.keys, r) for r in replicas}

@@ -24,11 +24,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from deployments.admission import AdmissionError, load_document, validation_error
-from deployments.response_store import StoredResponse
+from deployments.response_store import StoredResponse, encoded
 from deployments.schemas import ResponsesRequest
 from deployments.tool_stream import FinishedCall, OutputDelta
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{8,64}")
+# What a stored response's answer adds, expected at most, per output token: its text is kept
+# twice (the output items, and the response object's), ~4 bytes a token each, JSON-escaped;
+# and once per answer: usage, the toolspec extension, item ids and statuses.
+_STORED_BYTES_PER_OUTPUT_TOKEN = 32
+_STORED_BYTES_PER_ANSWER = 4096
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 # Known fields this server does not implement, with the values that ask for nothing.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -107,6 +112,18 @@ def to_chat(body: ResponsesRequest, earlier: StoredResponse | None) -> ChatTurn:
     return ChatTurn(document, items, origins)
 
 
+def stored_bytes_expected(body: ResponsesRequest, turn: ChatTurn, tenant: str,
+                          max_tokens: int) -> int:
+    """What keeping this turn's response will take in the store, expected at most: the
+    conversation and the response object, exactly; its answer, allowed for by its
+    ``max_tokens``."""
+    response_id = new_response_id()
+    shell = response_object(body, response_id, 0, [], "completed", None)
+    known = encoded(StoredResponse(response_id, tenant, 0.0, turn.items, [], shell, body.user))
+    return len(tenant) + len(response_id) + 1 + len(known) + \
+        _STORED_BYTES_PER_ANSWER + _STORED_BYTES_PER_OUTPUT_TOKEN * max_tokens
+
+
 def responses_param(param: str | None, turn: ChatTurn | None) -> str | None:
     """The Responses field a chat field named by admission came from."""
     if param is None:
@@ -132,12 +149,16 @@ def responses_param(param: str | None, turn: ChatTurn | None) -> str | None:
 # ---- the answer ---------------------------------------------------------------------------
 
 def output_items(response_id: str, content: str, calls: Sequence[FinishedCall],
-                 status: str = "completed") -> list[dict[str, Any]]:
+                 cut: bool = False) -> list[dict[str, Any]]:
     """A finished answer as output items: its text as one message, then one ``function_call``
-    item per call (``call_id`` is the id the next turn's ``function_call_output`` names)."""
-    items = [message_item(response_id, content, status)] if content else []
-    items += [function_call_item(response_id, index, call, status)
+    item per call (``call_id`` is the id the next turn's ``function_call_output`` names).
+    ``cut``: the answer stopped at ``max_output_tokens``, inside its last item, which is
+    ``incomplete`` (as the stream closes it); the items before it are ``completed``."""
+    items = [message_item(response_id, content, "completed")] if content else []
+    items += [function_call_item(response_id, index, call, "completed")
               for index, call in enumerate(calls)]
+    if cut and items:
+        items[-1]["status"] = "incomplete"
     return items
 
 
@@ -195,8 +216,9 @@ class ResponseEvents:
     """The Responses stream's events for one answer, from the same ``OutputDelta``s a chat
     stream is made of: ``response.created``/``in_progress``, then the message item (its text
     part's deltas) and one ``function_call`` item per call (its arguments' deltas), each
-    opened and closed in order, then ``response.completed``. Every event carries the next
-    ``sequence_number``. Mutates: itself."""
+    opened and closed in order, then ``response.completed`` — or, for an answer cut at
+    ``max_output_tokens``, ``response.incomplete``, the item open at the cut closed as
+    ``incomplete``. Every event carries the next ``sequence_number``. Mutates: itself."""
 
     def __init__(self, body: ResponsesRequest, response_id: str, created_at: int) -> None:
         self.body = body
@@ -244,9 +266,10 @@ class ResponseEvents:
 
     def finish(self, usage: Mapping[str, Any], incomplete: str | None,
                toolspec: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-        """The closing events and the finished response object."""
-        events = self._close_message() + self._close_call()
+        """The closing events and the finished response object. ``incomplete``: why the
+        answer was cut (the items still open were cut with it)."""
         status = "incomplete" if incomplete else "completed"
+        events = self._close_message(status) + self._close_call(status)
         response = self._response(status, self._closed, usage, incomplete, toolspec)
         kind = "response.incomplete" if incomplete else "response.completed"
         return events + self._event(kind, response=response), response
@@ -260,12 +283,12 @@ class ResponseEvents:
             "response.failed", response=self._response("failed", self._closed, None,
                                                        error=failure))
 
-    def _close_message(self) -> str:
+    def _close_message(self, status: str = "completed") -> str:
         if self._text is None:
             return ""
         text, self._text = self._text, None
         where = self._where()
-        item = message_item(self.response_id, text, "completed")
+        item = message_item(self.response_id, text, status)
         self._closed.append(item)
         return (self._event("response.output_text.done", **where, text=text, logprobs=[])
                 + self._event("response.content_part.done", **where,
@@ -273,10 +296,10 @@ class ResponseEvents:
                 + self._event("response.output_item.done", output_index=where["output_index"],
                               item=item))
 
-    def _close_call(self) -> str:
+    def _close_call(self, status: str = "completed") -> str:
         if self._open_call is None:
             return ""
-        item = {**self._calls[self._open_call], "status": "completed"}
+        item = {**self._calls[self._open_call], "status": status}
         self._open_call = None
         index = self._index()
         self._closed.append(item)

@@ -99,7 +99,9 @@ def config(library_path: Path, responses_path: Path, engine: str) -> AppConfig:
                           num_cpus=0.5 if real else 0, max_ongoing_requests=8,
                           max_queued_requests=64),
         library=LibraryConfig(path=str(library_path), num_cpus=0, resources=dict(LIBRARY)),
-        responses=ResponsesConfig(path=str(responses_path)),
+        # The stored responses' one owner, on the head beside the ingress it serves.
+        responses=ResponsesConfig(path=str(responses_path), num_cpus=0,
+                                  resources={"toolspec-head": 0.1}),
         ingress_resources={"toolspec-head": 0.1}, expose_replica=True,
         count_prompt_tokens_at_ingress=real, request_timeout_s=60, default_max_tokens=48)
 
@@ -113,7 +115,7 @@ def placement(nodes: dict[str, str], app: str = "cluster") -> dict[str, list[str
         if name.startswith("ServeReplica:") and not name.startswith(f"ServeReplica:{app}:"):
             continue
         for kind in ("ProxyActor", "Ingress", "ModelServer", "CallLibraryService",
-                     "RankWorker"):
+                     "ResponseStore", "RankWorker"):
             if name == kind or name.endswith(f":{kind}"):
                 where.setdefault(kind, []).append(nodes.get(actor.node_id, actor.node_id))
     return {kind: sorted(found) for kind, found in where.items()}

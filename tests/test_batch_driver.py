@@ -1,13 +1,24 @@
-"""The one batch driver: jobs stepped together, delivered in turn, rotated past a full batch."""
+"""The one batch driver: jobs stepped together, delivered in turn, rotated past a full batch,
+oldest first (prompts that arrive while others decode start in arrival order)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import pytest
+from helpers import ToyTokenizer, tiny_model
 
 from toolspec.core.batch import BatchDriver
-from toolspec.core.generation import Generation, StepEvent, StepOutcome, StepResult
+from toolspec.core.engine import Engine
+from toolspec.core.generation import (
+    Generation,
+    GenerationParams,
+    StepEvent,
+    StepOutcome,
+    StepResult,
+)
+from toolspec.core.job import DecodeJob
+from toolspec.model.target_model import TargetModel
 
 
 def _event(done: bool) -> StepEvent:
@@ -56,7 +67,40 @@ def test_a_full_batch_rotates_so_every_job_is_served() -> None:
         driver.add(name, _until_over([], name))
     while driver:
         driver.turn()
-    assert step.batches == [["a", "b"], ["c", "a"], ["c", "b"]]
+    assert step.batches == [["a", "b"], ["a", "c"], ["b", "c"]]  # each step oldest first
+
+
+def test_prompts_start_oldest_first_while_others_decode() -> None:
+    """Two requests decode; two prompts arrive, then a third: past ``max_batch`` the turns
+    rotate, yet each prompt is computed only once every older one has its first token (the
+    old rotation sent the later arrival's prompt ahead of the older ones'), and a decoding
+    request advances every turn beside them."""
+    block = 8
+    model = TargetModel(tiny_model("qwen2", 96), block_tokens=block)
+    # No drafts (a decoding job is one row), and one prompt block a step beside them.
+    engine = Engine(model, ToyTokenizer(), budget=0, stop_token_ids=[], step_rows=block + 1)
+    driver: BatchDriver[DecodeJob] = BatchDriver(engine.step, max_batch=4)
+
+    def start(length: int, new_tokens: int) -> DecodeJob:
+        job = engine.start([4 + i % 90 for i in range(length)],
+                           params=GenerationParams(max_new_tokens=new_tokens))
+        driver.add(job, lambda outcome: outcome.error is not None
+                   or outcome.event.generation is not None)
+        return job
+
+    decoding = [start(5, 200), start(6, 200)]
+    while any(job.prefilling for job in decoding):
+        driver.turn()
+    prompts = [start(4 * block + 3, 2), start(3 * block + 1, 2)]
+    driver.turn()
+    prompts.append(start(2 * block + 5, 2))  # a later arrival, while the others wait
+    while any(job.prefilling for job in prompts):
+        before = sum(len(job.generated) for job in decoding)
+        driver.turn()
+        assert sum(len(job.generated) for job in decoding) > before
+        for older, later in zip(prompts, prompts[1:]):
+            if older.prefilling:  # no first token yet: nothing of the later one computed
+                assert later.prompt_position == 0 and later.cached_tokens == 0
 
 
 def test_a_step_that_raises_fails_every_job_in_it_and_only_those() -> None:

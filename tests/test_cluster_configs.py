@@ -23,7 +23,8 @@ def test_ray_up_config_passes_the_autoscaler_schema() -> None:
     validate_config(prepare_config(config))
     workers = config["available_node_types"]["gpu_worker"]
     assert workers["node_config"]["InstanceType"].startswith("g")
-    assert "toolspec-library" in config["available_node_types"]["head"]["resources"]
+    assert {"toolspec-library", "toolspec-responses"} <= \
+        set(config["available_node_types"]["head"]["resources"])
 
 
 def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
@@ -60,6 +61,16 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     head_resources = json.loads(json.loads(cluster["headGroupSpec"]["rayStartParams"]["resources"]))
     library = AppConfig.model_validate(application.args).library
     assert library.resources and set(library.resources) <= set(head_resources)
+    # Two ingress replicas share one store of responses: its actor's, on the head, by its
+    # volume (a file per ingress node would answer the other ingress's ids with 404s).
+    assert deployments["Ingress"].num_replicas == 2
+    assert deployments["ResponseStore"].num_replicas == 1
+    responses = AppConfig.model_validate(application.args).responses
+    assert responses.resources and set(responses.resources) <= set(head_resources)
+    mounts = {mount["mountPath"]: mount["name"]
+              for mount in head["containers"][0]["volumeMounts"]}
+    claims = {document["metadata"]["name"] for document in documents[1:]}
+    assert volumes[mounts[responses.path]]["persistentVolumeClaim"]["claimName"] in claims
 
 
 def test_the_grafana_dashboard_shows_every_metric_the_deployment_exports() -> None:

@@ -37,6 +37,7 @@ def test_each_part_runs_where_the_config_places_it(report: dict) -> None:
     assert placed["ProxyActor"] == ["head"] and placed["Ingress"] == ["head"]
     assert placed["ModelServer"] == ["worker-1", "worker-2"]  # spread: one per worker
     assert placed["CallLibraryService"] == ["worker-2"]
+    assert placed["ResponseStore"] == ["head"]  # the stored responses' one owner
 
 
 def test_a_call_through_the_heads_proxy_is_answered_on_workers_and_reaches_the_library(

@@ -1,7 +1,9 @@
 """The prefix cache: prompt blocks shared by a tenant's requests, taken instead of
 computed — exactly: in fp32 a request served from a partly cached prompt gives bitwise the
 logits, keys and output of a cold prefill, alone or batched, however its prompt was chunked;
-tenants never share a block; a full cache evicts, never fails a request."""
+tenants never share a block; a full cache evicts, never fails a request, never holds more than
+its budget (not even while it copies); a block that cannot be kept is logged and the requests
+go on; a kept block is a copy of its rows."""
 
 from __future__ import annotations
 
@@ -49,19 +51,27 @@ def tokens(rng: random.Random, count: int) -> list[int]:
 # ---- the index ------------------------------------------------------------------------------
 
 class ToyStore:
-    """A block store over plain lists: a "cache" is a list of rows."""
+    """A block store over plain lists: a "cache" is a list of rows. Counts the bytes its
+    stored blocks hold, and the most they ever held."""
 
     def __init__(self) -> None:
         self.dropped: list[tuple[int, ...]] = []
+        self.held = self.peak = 0
 
     def save_block(self, cache: list, start: int, end: int) -> tuple[int, ...]:
+        self.held += 100
+        self.peak = max(self.peak, self.held)
         return tuple(cache[start:end])
+
+    def saved_bytes(self, cache: list, start: int, end: int) -> int:
+        return 100
 
     def load_blocks(self, cache: list, blocks: Sequence[tuple[int, ...]]) -> None:
         for block in blocks:
             cache.extend(block)
 
     def drop_block(self, block: tuple[int, ...]) -> None:
+        self.held -= 100
         self.dropped.append(block)
 
     def block_bytes(self, block: tuple[int, ...]) -> int:
@@ -115,10 +125,71 @@ def test_least_recently_used_leaves_go_first_under_the_byte_budget() -> None:
 
 
 def test_a_budget_below_one_block_caches_nothing() -> None:
-    cache = PrefixCache(ToyStore(), budget_bytes=50, block_tokens=2)
+    store = ToyStore()
+    cache = PrefixCache(store, budget_bytes=50, block_tokens=2)
     prompt = [1, 2, 3, 4]
     cache.insert(prompt, block_keys("t", prompt, 2), prompt, 0, 2)
-    assert len(cache) == 0 and cache.stats().bytes == 0
+    assert len(cache) == 0 and cache.stats().bytes == 0 and store.peak == 0  # nothing copied
+
+
+def test_an_insert_past_the_budget_never_holds_more_than_the_budget() -> None:
+    store = ToyStore()
+    cache = PrefixCache(store, budget_bytes=500, block_tokens=2)  # five blocks of 100 bytes
+    other = [50, 51, 52, 53]
+    cache.insert(other, block_keys("t", other, 2), other, 0, 2)
+    prompt = list(range(20))  # ten blocks: twice the budget
+    keys = block_keys("t", prompt, 2)
+    assert cache.insert(prompt, keys, prompt, 0, 10) == 5
+    assert store.peak <= 500  # every block made room before it was copied
+    assert cache.cached_blocks(keys, prompt, 0, 10) == 5  # the prompt's first five blocks
+    assert store.dropped == [(52, 53), (50, 51)]  # the other prompt's, deepest first
+
+
+class FailingStore:
+    """The model's block store, whose copies fail (a copy out of memory)."""
+
+    def __init__(self, model: TargetModel) -> None:
+        self.model = model
+
+    def save_block(self, cache: object, start: int, end: int) -> object:
+        raise torch.OutOfMemoryError("no memory for a copy of the block")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+
+def test_a_failed_insert_is_logged_and_every_request_is_served(
+        caplog: pytest.LogCaptureFixture) -> None:
+    model = TargetModel(tiny_model("qwen2", VOCAB), block_tokens=BLOCK)
+    failing = Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3],
+                     prefix_cache=PrefixCache(FailingStore(model), 1 << 30, BLOCK))
+    plain = Engine(model, ToyTokenizer(), budget=10, stop_token_ids=[3])
+    rng = random.Random(4)
+    prompts = [tokens(rng, 3 * BLOCK + 2) for _ in range(3)]
+    params = GenerationParams(max_new_tokens=6)
+    with caplog.at_level("ERROR", logger="toolspec.core.engine"):
+        served = failing.run([failing.start(prompt, None, params) for prompt in prompts])
+    assert [generation.tokens for generation in served] == \
+        [plain.generate(prompt, None, params).tokens for prompt in prompts]
+    assert len(failing.prefix_cache) == 0 and failing.prefix_cache.stats().bytes == 0
+    assert "prefix cache: keeping 3 prompt blocks failed" in caplog.text
+
+
+def test_a_kept_block_is_a_copy_of_its_rows_not_a_view() -> None:
+    model = TargetModel(tiny_model("llama", VOCAB), block_tokens=BLOCK)
+    cache = model.new_cache()
+    model.prefill(cache, tokens(random.Random(3), 3 * BLOCK))
+    block = model.save_block(cache, BLOCK, 2 * BLOCK)
+    kept = [(keys.clone(), values.clone()) for keys, values in block.layers]
+    assert block.nbytes == model.saved_bytes(cache, BLOCK, 2 * BLOCK)
+    for (keys, values), layer in zip(block.layers, cache.layers):
+        for stored, source in ((keys, layer.keys), (values, layer.values)):
+            assert stored.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
+            assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()
+            with torch.inference_mode():  # the request's cache changes: the block does not
+                source.zero_()
+    assert all(torch.equal(keys, old_keys) and torch.equal(values, old_values)
+               for (keys, values), (old_keys, old_values) in zip(block.layers, kept))
 
 
 # ---- exactness ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_serve_config_validates_and_matches_the_builder() -> None:
     assert config.model.model == "qwen2.5-coder-0.5b"
     built = app_builder(application.args)
     names = {d.name for d in application.deployments}
-    assert names == {"Ingress", "ModelServer", "CallLibraryService"}
+    assert names == {"Ingress", "ModelServer", "CallLibraryService", "ResponseStore"}
     assert built._bound_deployment.name == "Ingress"
     model = next(d for d in application.deployments if d.name == "ModelServer")
     built_model = built._bound_deployment.init_args[0]._bound_deployment._deployment_config

@@ -1,7 +1,9 @@
 """The Responses API over real HTTP in process (a scripted engine, no model): function tools,
 streamed events that agree with the whole response, previous_response_id through a store that
-outlives the app, tenants, retention, the OpenAI SDK reading it, and every bad input a 4xx
-naming its field."""
+outlives the app, tenants (a user that names its tenant reads and deletes its own responses),
+retention, a full store that makes room from the oldest, a response too large for the store
+refused before the model runs, the OpenAI SDK reading it, and every bad input a 4xx naming its
+field."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from serve_fakes import LocalModelClient, ScriptedChatEngine, by_message, fixed
 from deployments.admission import AdmissionPolicy
 from deployments.api import create_api
 from deployments.replica import ModelReplica
+from deployments.response_service import LocalResponses
 from deployments.response_store import ResponseStore, StoredResponse
 from deployments.tenants import TenantPolicy
 
@@ -40,7 +43,8 @@ def make_client(store: ResponseStore | None, engine: ScriptedChatEngine | None =
         {"sunny": ("It is ", "sunny in Paris.")}, (CALL[:30], CALL[30:])))
     policy.setdefault("tenants", TenantPolicy("default", "x-tenant"))
     api = create_api(LocalModelClient(ModelReplica(engine, name="replica-0")),
-                     AdmissionPolicy((MODEL,), **policy), store=store)
+                     AdmissionPolicy((MODEL,), **policy),
+                     store=LocalResponses(store) if store is not None else None)
     return TestClient(api), engine
 
 
@@ -257,3 +261,122 @@ def test_a_failure_mid_stream_ends_with_an_error_event_and_response_failed(
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
     assert events[-2]["code"] == "deadline_exceeded"
     assert events[-1]["response"]["status"] == "failed"
+
+
+@pytest.mark.parametrize("pieces", [("It is ", "sunny in Pa"),
+                                    ("Checking. ", CALL[:30], CALL[30:]), (CALL, CALL[:40])])
+def test_an_answer_cut_at_max_output_tokens_is_incomplete_alike_streamed_and_whole(
+        store: ResponseStore, pieces: tuple[str, ...]) -> None:
+    """The item the cut fell in is ``incomplete``, those before it ``completed``: in the
+    whole response, in the stream's closing events, and in the stored response."""
+    engine = ScriptedChatEngine(script=fixed(*pieces), finish="length")
+    client, _ = make_client(store, engine=engine)
+    whole = create(client, max_output_tokens=16).json()
+    assert whole["status"] == "incomplete"
+    assert whole["incomplete_details"] == {"reason": "max_output_tokens"}
+    statuses = [item["status"] for item in whole["output"]]
+    assert statuses == ["completed"] * (len(statuses) - 1) + ["incomplete"]
+    events = events_of(create(client, max_output_tokens=16, stream=True).text)
+    assert events[-1]["type"] == "response.incomplete"
+    assert [item["status"] for item in events[-1]["response"]["output"]] == statuses
+    assert [e["item"]["status"] for e in events
+            if e["type"] == "response.output_item.done"] == statuses
+    kept = client.get(f"/v1/responses/{whole['id']}", headers={"x-tenant": "acme"}).json()
+    assert [item["status"] for item in kept["output"]] == statuses
+
+
+# ---- a full store, and a response too large for it ----------------------------------------
+
+def test_a_full_store_drops_the_oldest_until_each_write_fits(tmp_path: Path) -> None:
+    """Far fewer than max_responses fill a small file: each write past that drops the oldest
+    until it fits, and a response of the largest size a response may take still fits."""
+    now = [1000.0]
+    store = ResponseStore(tmp_path / "r", map_bytes=1 << 20, clock=lambda: now[0])
+    sizes = [2_000, 15_000, 60_000, 150_000]
+    for index in range(120):  # ~7 MB in all, through a 1 MiB file
+        store.put(StoredResponse(f"resp_{index:08d}", "t", now[0],
+                                 [{"text": "x" * sizes[index % 4]}], [], {"id": index}))
+        now[0] += 1
+        assert store.get("t", f"resp_{index:08d}") is not None
+    assert 3 < store.count() < 60
+    assert store.get("t", "resp_00000000") is None  # the oldest went first
+    largest = StoredResponse("resp_largest", "t", now[0], [], [], {"text": ""})
+    room = store.max_response_bytes - len(store_bytes(largest)) - len(b"t\0resp_largest")
+    store.put(StoredResponse("resp_largest", "t", now[0], [], [], {"text": "y" * room}))
+    assert store.get("t", "resp_largest").response["text"] == "y" * room
+    store.close()
+
+
+def store_bytes(stored: StoredResponse) -> bytes:
+    from deployments.response_store import encoded
+
+    return encoded(stored)
+
+
+def test_requests_keep_being_stored_once_the_store_has_filled(tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "r", map_bytes=1 << 20)
+    client, _ = make_client(store)
+    long_instructions = "Answer about the weather only. " * 600  # ~19 kB kept per response
+    previous = None
+    for turn in range(80):
+        streamed = turn % 2 == 1
+        answer = create(client, instructions=long_instructions, stream=streamed,
+                        input=f"Weather in Paris, take {turn}?")
+        assert answer.status_code == 200, answer.text
+        if streamed:
+            events = events_of(answer.text)
+            assert events[-1]["type"] == "response.completed", events[-1]
+            previous = events[-1]["response"]["id"]
+        else:
+            previous = answer.json()["id"]
+    kept = client.get(f"/v1/responses/{previous}", headers={"x-tenant": "acme"})
+    assert kept.status_code == 200 and kept.json()["instructions"] == long_instructions
+    assert store.count() < 80
+    store.close()
+
+
+def test_a_response_too_large_for_the_store_is_refused_before_the_model_runs(
+        tmp_path: Path) -> None:
+    store = ResponseStore(tmp_path / "r", map_bytes=1 << 20)  # 256 KiB a response at most
+    client, engine = make_client(store)
+    large = "a long document to summarise. " * 10_000  # 300 kB
+    for streamed in (False, True):
+        refused = create(client, input=large, tools=[], stream=streamed)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "store" and error["code"] == "response_too_large"
+        assert "store: false" in error["message"]
+    assert engine.requests == []  # the model never ran
+    assert create(client, input=large, tools=[], store=False).status_code == 200
+    store.close()
+
+
+# ---- tenants named by `user` ----------------------------------------------------------------
+
+def test_a_user_naming_its_tenant_reads_and_deletes_its_own_responses_only(
+        store: ResponseStore) -> None:
+    client, _ = make_client(store, tenants=TenantPolicy("default", "x-tenant", from_user=True))
+
+    def post(user: str, **fields: Any) -> Any:
+        body = {"model": MODEL, "input": "Weather in Paris?", "tools": [WEATHER], "user": user,
+                **fields}
+        return client.post("/v1/responses", json=body)
+
+    mine = post("alice").json()
+    assert store.get("alice", mine["id"]).user == "alice"  # kept under alice, naming her
+    read = client.get(f"/v1/responses/{mine['id']}", params={"user": "alice"})
+    assert read.status_code == 200 and read.json() == mine
+    for other in ({}, {"params": {"user": "bob"}}, {"headers": {"x-tenant": "bob"}},
+                  {"params": {"user": "alice"}, "headers": {"x-tenant": "bob"}}):
+        missing = client.get(f"/v1/responses/{mine['id']}", **other)  # the header wins
+        assert missing.status_code == 404
+        assert client.delete(f"/v1/responses/{mine['id']}", **other).status_code == 404
+    assert "?user=" in client.get(f"/v1/responses/{mine['id']}").json()["error"]["message"]
+    bad = client.get(f"/v1/responses/{mine['id']}", params={"user": "not a tenant"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "user"
+    assert post("bob", previous_response_id=mine["id"]).status_code == 404
+    assert post("alice", previous_response_id=mine["id"], input="and?").status_code == 200
+    deleted = client.delete(f"/v1/responses/{mine['id']}", params={"user": "alice"})
+    assert deleted.json() == {"id": mine["id"], "object": "response.deleted", "deleted": True}
+    assert client.get(f"/v1/responses/{mine['id']}", params={"user": "alice"}
+                      ).status_code == 404

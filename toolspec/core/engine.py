@@ -27,6 +27,7 @@ short) and the others wait for it rather than share one long forward.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
@@ -60,6 +61,7 @@ from toolspec.core.job import DecodeJob, Verified
 from toolspec.core.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache, block_keys
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 __all__ = ["Engine", "Generation", "GenerationParams", "KVPrefix", "PrefixMismatchError",
            "StepEvent", "StepOutcome", "StepReport", "StepResult", "StepStats",
@@ -339,16 +341,22 @@ class Engine:
 
     def _store_computed_prompts(self, jobs: Sequence[DecodeJob]) -> None:
         """Insert the prompt blocks each job's forward completed; a job whose prompt is now
-        whole counts the blocks it could have taken but computed as missed. Mutates: the
-        prefix cache."""
+        whole counts the blocks it could have taken but computed as missed. An insert that
+        fails (a copy out of memory) is logged and those blocks go uncached: the forward
+        succeeded, so the requests go on. Mutates: the prefix cache."""
         if self.prefix_cache is None:
             return
         size = self.block_tokens
         for job in jobs:
             end = job.prompt_position // size
             if end > job.blocks_offered:
-                # From the first block: one evicted since this job took it goes back too.
-                self.prefix_cache.insert(job.cache, self._keys(job), job.prompt_ids, 0, end)
+                try:
+                    # From the first block: one evicted since this job took it goes back too.
+                    self.prefix_cache.insert(job.cache, self._keys(job), job.prompt_ids, 0,
+                                             end)
+                except Exception:  # noqa: BLE001 - a cache is an optimisation, not the answer
+                    logger.exception("prefix cache: keeping %d prompt blocks failed; they go "
+                                     "uncached", end - job.blocks_offered)
                 job.blocks_offered = end
             if not job.prefilling:
                 reusable = (job.prompt_tokens - 1) // size

@@ -62,6 +62,9 @@ class BlockStore(Protocol):
     def save_block(self, cache: Any, start: int, end: int) -> Any:
         """A copy of rows ``start..end`` of ``cache`` (every layer), as a stored block."""
 
+    def saved_bytes(self, cache: Any, start: int, end: int) -> int:
+        """Memory ``save_block(cache, start, end)`` would take (nothing is copied)."""
+
     def load_blocks(self, cache: Any, blocks: Sequence[Any]) -> None:
         """Append ``blocks``' rows, in order, to ``cache``. Mutates: ``cache``."""
 
@@ -105,7 +108,9 @@ class PrefixCache:
 
     Parents are always used more recently than their children (a chain is touched from its
     deepest block up to its first), so the least recently used block is a leaf and evicting
-    it never orphans a cached block below it. A budget smaller than one block caches nothing.
+    it never orphans a cached block below it. The budget is never exceeded, not even while a
+    block is copied: room is made before each copy. A budget smaller than one block caches
+    nothing.
     """
 
     def __init__(self, store: BlockStore, budget_bytes: int,
@@ -157,26 +162,34 @@ class PrefixCache:
     def insert(self, cache: Any, keys: Sequence[bytes], tokens: Sequence[int], first: int,
                end: int) -> int:
         """Keep blocks ``first .. end`` of a prompt whose rows ``cache`` holds (computed as
-        prompt rows); blocks already cached are only touched. Evicts the least recently used
-        blocks past the budget. Returns how many blocks were added. Mutates: the index, the
-        store."""
+        prompt rows); blocks already cached are only touched. Before each copy, evicts the
+        least recently used blocks of other prompts until it fits the budget; where it
+        cannot, the prompt keeps the blocks it has so far (a chain's first blocks are the
+        ones others share). Returns how many blocks were added; an exception from the store
+        leaves the index whole and within budget. Mutates: the index, the store."""
         added = 0
         size = self.block_tokens
-        for index in range(first, min(end, len(keys))):
-            if keys[index] in self._entries:
-                continue
-            if index and keys[index - 1] not in self._entries:
-                break  # its parent was evicted meanwhile: the chain cannot reach it
-            block = self.store.save_block(cache, index * size, (index + 1) * size)
-            nbytes = self.store.block_bytes(block)
-            self._entries[keys[index]] = _Entry(keys[index - 1] if index else None,
-                                                tuple(tokens[index * size:(index + 1) * size]),
-                                                block, nbytes)
-            self._bytes += nbytes
-            added += 1
-        self.inserted_blocks += added
-        self._touch_chain(keys, min(end, len(keys)))
-        self._evict()
+        end = min(end, len(keys))
+        chain = set(keys[:end])  # its own blocks: never evicted to make room for it
+        try:
+            for index in range(first, end):
+                if keys[index] in self._entries:
+                    continue
+                if index and keys[index - 1] not in self._entries:
+                    break  # its parent was evicted meanwhile: the chain cannot reach it
+                start, stop = index * size, (index + 1) * size
+                if not self._make_room(self.store.saved_bytes(cache, start, stop), chain):
+                    break
+                block = self.store.save_block(cache, start, stop)
+                nbytes = self.store.block_bytes(block)
+                self._entries[keys[index]] = _Entry(keys[index - 1] if index else None,
+                                                    tuple(tokens[start:stop]), block, nbytes)
+                self._bytes += nbytes
+                added += 1
+        finally:
+            self.inserted_blocks += added
+            self._touch_chain(keys, end)
+            self._evict()  # only if a block took more than it said it would
         return added
 
     def clear(self) -> None:
@@ -208,7 +221,31 @@ class PrefixCache:
             self._pop_oldest()
             self.evicted_blocks += 1
 
+    def _make_room(self, nbytes: int, keep: set[bytes]) -> bool:
+        """Evict the least recently used blocks not in ``keep`` until ``nbytes`` more fit the
+        budget; False (nothing evicted) when they cannot. ``keep`` is a chain from its first
+        block, so a block outside it has no kept block below it: it is a leaf, or the
+        parent of leaves evicted before it."""
+        if nbytes > self.budget_bytes:
+            return False
+        victims, freed = [], 0
+        for key, entry in self._entries.items():  # least recently used first
+            if self._bytes - freed + nbytes <= self.budget_bytes:
+                break
+            if key not in keep:
+                victims.append(key)
+                freed += entry.nbytes
+        if self._bytes - freed + nbytes > self.budget_bytes:
+            return False
+        for key in victims:
+            self._drop(key)
+            self.evicted_blocks += 1
+        return True
+
     def _pop_oldest(self) -> None:
-        _, entry = self._entries.popitem(last=False)
+        self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: bytes) -> None:
+        entry = self._entries.pop(key)
         self._bytes -= entry.nbytes
         self.store.drop_block(entry.block)

@@ -72,6 +72,13 @@ class CacheOperations:
     def save_block(self, cache: DynamicCache, start: int, end: int) -> StoredBlock:
         return copy_rows(cache, start, end)
 
+    def saved_bytes(self, cache: DynamicCache, start: int, end: int) -> int:
+        """What ``save_block`` would take: the rows' share of every layer (nothing copied)."""
+        return (end - start) * sum(
+            keys.element_size() * keys[..., :1, :].numel()
+            + values.element_size() * values[..., :1, :].numel()
+            for keys, values in ((layer.keys, layer.values) for layer in cache.layers))
+
     def load_blocks(self, cache: DynamicCache, blocks: Sequence[StoredBlock]) -> None:
         append_rows(cache, blocks)
 
