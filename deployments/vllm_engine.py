@@ -152,7 +152,10 @@ class VLLMChatEngine:
                 "speculative_method": self.settings.speculative_method,
                 "speculative_tokens": self.settings.speculative_tokens,
                 "tensor_parallel_size": self.settings.tensor_parallel_size,
-                "prefix_cache": self.args.enable_prefix_caching,
+                # vLLM keeps prompt blocks in its KV cache (salted per tenant).
+                "prefix_cache": {"block_tokens": self.engine.vllm_config.cache_config.block_size,
+                                 "budget_bytes": self.args.kv_cache_memory_bytes}
+                if self.args.enable_prefix_caching else None,
                 "active_requests": self._active}
 
     def check_health(self) -> None:

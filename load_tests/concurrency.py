@@ -73,6 +73,9 @@ class RequestRecord:
     prompt_rows: int = 0  # forward rows of its prompt the replica computed
     decode_rows: int = 0  # forward rows its decoding steps ran
     tools: str = ""  # which tool set it offered (the session's, shortened)
+    key: str = ""  # which request it was (the same across runs: session and turn)
+    output: str = ""  # the content it streamed
+    calls: tuple[tuple[str, Any], ...] = ()  # the tool calls it streamed: (name, arguments)
 
     @property
     def inter_token_s(self) -> float | None:
@@ -95,12 +98,16 @@ def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0, skip: int = 0
 
 
 def stream_request(client: httpx.Client, url: str, payload: dict[str, Any], session: str,
-                   mode: str, concurrency: int, tenant: str | None = None) -> RequestRecord:
+                   mode: str, concurrency: int, tenant: str | None = None, key: str = ""
+                   ) -> RequestRecord:
     """One streamed request: when its first content or tool-call fragment came, when it ended,
-    its usage and the ``toolspec`` extension of its last chunk."""
+    its usage, what it said (content, calls) and the ``toolspec`` extension of its last
+    chunk."""
     started = time.perf_counter()
     ttft, tokens, mat, status = None, 0, 0.0, 0
     prompt = cached = prompt_rows = decode_rows = 0
+    content: list[str] = []
+    calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
     try:
         headers = {"x-session-id": session}
         if tenant is not None:
@@ -119,6 +126,12 @@ def stream_request(client: httpx.Client, url: str, payload: dict[str, Any], sess
                     delta = choice.get("delta", {})
                     if ttft is None and (delta.get("content") or delta.get("tool_calls")):
                         ttft = time.perf_counter() - started
+                    content.append(delta.get("content") or "")
+                    for fragment in delta.get("tool_calls") or ():
+                        call = calls.setdefault(fragment.get("index", 0), ["", ""])
+                        function = fragment.get("function") or {}
+                        call[0] += function.get("name") or ""
+                        call[1] += function.get("arguments") or ""
                     if choice.get("finish_reason"):
                         extension = chunk.get("toolspec", {})
                         mat = extension.get("mat", 0.0)
@@ -132,7 +145,16 @@ def stream_request(client: httpx.Client, url: str, payload: dict[str, Any], sess
         status = 598
     tools = ",".join(sorted(t["function"]["name"] for t in payload.get("tools", ())))[:80]
     return RequestRecord(mode, concurrency, started, ttft, time.perf_counter() - started,
-                         tokens, mat, status, prompt, cached, prompt_rows, decode_rows, tools)
+                         tokens, mat, status, prompt, cached, prompt_rows, decode_rows, tools,
+                         key, "".join(content),
+                         tuple((name, _arguments(text)) for name, text in calls.values()))
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def run_level(url: str, model: str, sessions: list[dict[str, Any]], mode: str,

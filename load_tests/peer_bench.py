@@ -1,0 +1,445 @@
+"""Every engine in one run: this deployment (the project's own engine, and vLLM's engine with the
+ToolSpec proposer) against the engine users already run — vLLM's own OpenAI server plain, with
+n-gram prompt lookup and with SuffixDecoding (Arctic Inference; K swept) — on the same machine,
+the same requests, one compute thread each, every level cold.
+
+Traffic: the project's agent traffic (``load_tests/sessions.py``): API-Bank level-1 dialogues from
+item ``--apibank-skip`` on and BFCL items, in OpenAI ``tools`` form, streamed, greedy, turns as the
+data gives them (so every engine gets the very same requests). Per concurrency level N, the same
+fixed list of sessions (at least ``--requests`` turns, and 4 N) is sent by N clients, each taking
+the next session and sending its turns in order with its own ``x-session-id``.
+
+Cold: vLLM's server starts afresh for each level (its prefix cache and SuffixDecoding's response
+cache start empty); this deployment starts once per engine and serves each level as a tenant of
+its own (its prefix cache is salted, its call library and draft memory kept, per tenant).
+
+Per engine and level: completion tokens/s, TTFT and inter-token latency p50/p99, accepted tokens
+per step (this deployment: each response's ``toolspec.mat``; vLLM's server: its Prometheus
+counters, 1 + accepted / drafts), and the share of answers equal to vLLM plain's (the same calls,
+or the same text). ``--out``: ``results.json``, ``peer.png``, ``peer.md``. Everything runs on
+127.0.0.1 and stops by itself; nothing else of ours may run meanwhile.
+
+    .venv/bin/python load_tests/peer_bench.py --out results/peer        # make peer-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from toolspec.bench.datasets import apibank_file
+from toolspec.calls.formats import get_format
+from toolspec.model.packages import DEFAULT_MODEL, resolve_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "load_tests"))
+from concurrency import RequestRecord, load_sessions, stream_request, summarize  # noqa: E402
+from local_ray import cli, free_port, ray_head  # noqa: E402
+
+READY_TIMEOUT_S = 1200  # a first start converts the weights and compiles vLLM's graph
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine of the comparison: this deployment with ``model`` settings, or vLLM's server
+    with ``speculative`` (None: plain)."""
+
+    name: str
+    kind: str  # "deployment" | "vllm-server"
+    model: dict[str, Any] = field(default_factory=dict)
+    speculative: dict[str, Any] | None = None
+
+
+def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: int
+            ) -> list[EngineSpec]:
+    specs = [EngineSpec("vllm", "vllm-server")]
+    specs += [EngineSpec(f"toolspec-vllm-k{k}", "deployment",
+                         {"engine": "vllm", "speculative_method": "toolspec",
+                          "speculative_tokens": k}) for k in toolspec_tokens]
+    specs.append(EngineSpec("toolspec", "deployment", {"engine": "toolspec"}))
+    specs += [EngineSpec(f"vllm-suffix-k{k}", "vllm-server",
+                         speculative={"method": "suffix", "num_speculative_tokens": k})
+              for k in suffix_tokens]
+    specs.append(EngineSpec(f"vllm-ngram-k{ngram_tokens}", "vllm-server", speculative={
+        "method": "ngram", "num_speculative_tokens": ngram_tokens, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5}))
+    return specs
+
+
+# ---- the requests -------------------------------------------------------------------------------
+
+def level_sessions(sessions: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    """The first sessions holding at least ``turns`` turns between them."""
+    chosen, total = [], 0
+    for session in sessions:
+        if total >= turns:
+            break
+        chosen.append(session)
+        total += len(session["turns"])
+    return chosen
+
+
+def run_level(url: str, model: str, sessions: list[dict[str, Any]], name: str, level: int,
+              max_tokens: int, tenant: str | None) -> list[RequestRecord]:
+    """``level`` clients sending ``sessions`` (each turn by turn) until none are left."""
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    queue = iter(sessions)
+
+    def client() -> None:
+        with httpx.Client() as http:
+            while True:
+                with lock:
+                    session = next(queue, None)
+                if session is None:
+                    return
+                session_id = f"{session['id']}-{uuid.uuid4().hex[:8]}"
+                for turn, messages in enumerate(session["turns"]):
+                    payload = {"model": model, "messages": messages, "tools": session["tools"],
+                               "max_tokens": max_tokens, "stream": True, "temperature": 0,
+                               "stream_options": {"include_usage": True}}
+                    record = stream_request(http, url, payload, session_id, name, level, tenant,
+                                            key=f"{session['id']}#{turn}")
+                    with lock:
+                        records.append(record)
+
+    threads = [threading.Thread(target=client) for _ in range(level)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    return records
+
+
+def answer(record: RequestRecord) -> str:
+    """What a response said, comparable across servers: its calls (parsed by the project's
+    call scanner from vLLM's text, or as this deployment streamed them) or else its text."""
+    if record.calls:
+        return json.dumps(record.calls, sort_keys=True)
+    calls = get_format("hermes").parse(record.output)
+    if calls:
+        return json.dumps([[c.name, dict(c.arguments)] for c in calls], sort_keys=True)
+    return record.output.strip()
+
+
+# ---- the servers --------------------------------------------------------------------------------
+
+def _wait(url: str, process: subprocess.Popen | None, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited while starting:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} never answered; see {log}")
+
+
+@contextmanager
+def vllm_server(spec: EngineSpec, model: str, threads: str, kv_cache_gib: float, log: Path):
+    """vLLM's OpenAI server as users start it, on its own port, one compute thread."""
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(resolve_model_dir(model)), "--served-model-name", model,
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+               "--enable-prefix-caching", "--kv-cache-memory-bytes",
+               str(int(kv_cache_gib * (1 << 30))),
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+    if spec.speculative is not None:
+        command += ["--speculative-config", json.dumps(spec.speculative)]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": threads}
+    with open(log, "a") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, process, log)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def spec_counters(url: str) -> tuple[float, float]:
+    """vLLM's speculative-decoding counters: accepted draft tokens, drafts (verify steps)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0, 0.0
+
+    def total(name: str) -> float:
+        return sum(float(m) for m in re.findall(rf"^vllm:{name}(?:{{[^}}]*}})? (\S+)$", text,
+                                               re.MULTILINE))
+
+    return total("spec_decode_num_accepted_tokens_total"), total("spec_decode_num_drafts_total")
+
+
+@contextmanager
+def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path):
+    """This deployment (``serve_config.yaml`` with ``spec``'s model settings, one replica,
+    the library in ``work``) on a Ray head of its own."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    http_port = free_port()
+    config["http_options"]["port"] = http_port
+    (application,) = config["applications"]
+    model = application["args"]["model"]
+    model.pop("autoscaling", None)
+    model.update(replicas=1, cpu_threads=threads, kv_cache_gib=kv_cache_gib, **spec.model)
+    application["args"]["library"]["path"] = str(work / "library")
+    for entry in application.get("deployments", ()):
+        if entry.get("name") == "ModelServer":
+            entry.get("user_config", {}).pop("draft_budget", None)
+            entry.setdefault("user_config", {}).update(
+                {key: value for key, value in spec.model.items() if key != "engine"})
+    path = work / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{http_port}"
+    with ray_head(work) as head:
+        serve = cli("serve")
+        subprocess.run([serve, "deploy", "--address", head.dashboard, str(path)], env=head.env,
+                       check=True, timeout=300, capture_output=True)
+        try:
+            _wait(url, None, work / "serve.log")
+            yield url
+        finally:
+            subprocess.run([serve, "shutdown", "--address", head.dashboard, "--yes"],
+                           env=head.env, check=False, timeout=300, capture_output=True)
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str, Any]],
+            levels: list[int], run_id: str, out: Path) -> dict[int, dict[str, Any]]:
+    results: dict[int, dict[str, Any]] = {}
+
+    def one_level(url: str, level: int, tenant: str | None) -> None:
+        chosen = level_sessions(sessions, max(args.requests, 4 * level))
+        # Not measured: the first forwards of each shape are slow; another tenant's requests
+        # (and, for vLLM's server, before the counters are read) so nothing measured is warm.
+        run_level(url, args.model, sessions[-args.warmup:], "warmup", 1, args.max_tokens,
+                  f"warmup-{run_id}-{level}")
+        before = spec_counters(url)
+        records = run_level(url, args.model, chosen, spec.name, level, args.max_tokens, tenant)
+        after = spec_counters(url)
+        summary = summarize(records)
+        if spec.kind == "vllm-server" and spec.speculative is not None:
+            drafts = after[1] - before[1]
+            summary["mat"] = 1 + (after[0] - before[0]) / drafts if drafts else 1.0
+        elif spec.kind == "vllm-server":
+            summary["mat"] = 1.0
+        summary["answers"] = {r.key: answer(r) for r in records if r.status == 200}
+        results[level] = summary
+        print(f"{spec.name:>22} x{level:<3} " + json.dumps(
+            {k: v for k, v in summary.items() if k != "answers"}), flush=True)
+
+    if spec.kind == "vllm-server":
+        for level in levels:  # a fresh server per level: nothing learnt earlier serves it
+            with vllm_server(spec, args.model, args.threads, args.kv_cache_gib,
+                             out / f"{spec.name}.log") as url:
+                one_level(url, level, None)
+    else:
+        with tempfile.TemporaryDirectory(prefix=f"peer-{spec.name}-") as work, \
+                deployment(spec, args.threads, args.kv_cache_gib, Path(work)) as url:
+            for level in levels:
+                one_level(url, level, f"peer-{spec.name}-{level}-{run_id}")
+    return results
+
+
+def compare(results: dict[str, dict[int, dict[str, Any]]], reference: str = "vllm"
+            ) -> dict[str, dict[str, Any]]:
+    """Per engine: the share of its answers equal to ``reference``'s for the same request,
+    and the requests that differ (first 20)."""
+    report: dict[str, dict[str, Any]] = {}
+    for name, levels in results.items():
+        same = total = 0
+        different: list[dict[str, Any]] = []
+        for level, summary in levels.items():
+            expected = results.get(reference, {}).get(level, {}).get("answers", {})
+            for key, text in summary.get("answers", {}).items():
+                if key not in expected:
+                    continue
+                total += 1
+                if text == expected[key]:
+                    same += 1
+                elif len(different) < 20:
+                    different.append({"level": level, "request": key, "answer": text[:300],
+                                      reference: expected[key][:300]})
+        report[name] = {"identical": same, "compared": total, "different": different}
+    return report
+
+
+def best_of(results: dict[str, dict[int, dict[str, Any]]], prefix: str, level: int) -> str | None:
+    """The engine named ``prefix``... with the most tokens/s at ``level``."""
+    names = [n for n in results if n.startswith(prefix) and level in results[n]]
+    return max(names, key=lambda n: results[n][level].get("completion_tokens_per_s", 0),
+               default=None)
+
+
+def table(results: dict[str, dict[int, dict[str, Any]]], identity: dict[str, dict[str, Any]],
+          levels: list[int]) -> str:
+    rows = ["| engine | sessions | tokens/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | "
+            "ITL p99 ms | tokens per step | same answer as vLLM plain |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, by_level in results.items():
+        same = identity.get(name, {})
+        share = f"{same['identical']}/{same['compared']}" if same.get("compared") else "–"
+        for level in levels:
+            s = by_level.get(level)
+            if not s or "completion_tokens_per_s" not in s:
+                continue
+            rows.append(
+                f"| {name} | {level} | {s['completion_tokens_per_s']:.1f} | "
+                f"{s['ttft_p50_s']:.2f} | {s['ttft_p99_s']:.2f} | "
+                f"{1000 * (s['inter_token_p50_s'] or 0):.0f} | "
+                f"{1000 * (s['inter_token_p99_s'] or 0):.0f} | {s['mat']:.2f} | {share} |")
+    return "\n".join(rows)
+
+
+def goals(results: dict[str, dict[int, dict[str, Any]]], ours: str) -> list[str]:
+    """Issue 50's goals for engine ``ours`` against the best SuffixDecoding and vLLM plain."""
+    lines = []
+    for level, versus_suffix, versus_plain in ((1, 1.5, 3.0), (8, 1.3, 1.5)):
+        mine = results.get(ours, {}).get(level, {}).get("completion_tokens_per_s")
+        suffix = best_of(results, "vllm-suffix", level)
+        plain = results.get("vllm", {}).get(level, {}).get("completion_tokens_per_s")
+        if mine and suffix:
+            ratio = mine / results[suffix][level]["completion_tokens_per_s"]
+            lines.append(f"{level} session(s): {ours} {ratio:.2f}x {suffix} (goal >= "
+                         f"{versus_suffix}x)")
+        if mine and plain:
+            lines.append(f"{level} session(s): {ours} {mine / plain:.2f}x vllm plain (goal >= "
+                         f"{versus_plain}x)")
+    mine, plain = results.get(ours, {}), results.get("vllm", {})
+    if 8 in mine and 8 in plain:
+        lines.append(f"TTFT p99 at 8: {mine[8]['ttft_p99_s'] / plain[8]['ttft_p99_s']:.2f}x vllm "
+                     f"plain's (goal <= 1.25x)")
+    if 1 in mine and 1 in plain:
+        lines.append(f"TTFT p50 at 1: {mine[1]['ttft_p50_s'] / plain[1]['ttft_p50_s']:.2f}x vllm "
+                     f"plain's (goal <= 1.10x)")
+    return lines
+
+
+def plot(results: dict[str, dict[int, dict[str, Any]]], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (throughput, ttft, inter) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for name, by_level in results.items():
+        levels = sorted(level for level in by_level if "completion_tokens_per_s" in by_level[level])
+        style = "o-" if name.startswith("toolspec") else "s--"
+        throughput.plot(levels, [by_level[n]["completion_tokens_per_s"] for n in levels], style,
+                        label=name)
+        ttft.plot(levels, [by_level[n]["ttft_p99_s"] for n in levels], style, label=name)
+        inter.plot(levels, [1000 * (by_level[n]["inter_token_p50_s"] or 0) for n in levels],
+                   style, label=name)
+    throughput.set(xscale="log", xlabel="concurrent sessions", ylabel="completion tokens / s",
+                   title="throughput")
+    ttft.set(xscale="log", yscale="log", xlabel="concurrent sessions", ylabel="seconds",
+             title="time to first token, p99")
+    inter.set(xscale="log", xlabel="concurrent sessions", ylabel="ms per token",
+              title="inter-token latency, p50")
+    for axis in (throughput, ttft, inter):
+        axis.set_xticks(sorted({n for by_level in results.values() for n in by_level}))
+        axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.grid(alpha=0.3)
+    throughput.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--levels", default="1,4,8,16")
+    parser.add_argument("--engines", default=None,
+                        help="comma-separated names to run (default: all; see --list)")
+    parser.add_argument("--list", action="store_true", help="print the engines and stop")
+    parser.add_argument("--suffix-tokens", default="8,16,32",
+                        help="SuffixDecoding's K values (the best is its figure)")
+    parser.add_argument("--toolspec-tokens", default="16",
+                        help="the ToolSpec proposer's K values on vLLM's engine")
+    parser.add_argument("--ngram-tokens", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=24,
+                        help="turns per level at least (and 4 per session level)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3, help="sessions sent first, unmeasured")
+    parser.add_argument("--threads", default="0",
+                        help="the core(s) each engine computes on (VLLM_CPU_OMP_THREADS_BIND)")
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0)
+    parser.add_argument("--apibank", type=apibank_file, default="apibank:level-1")
+    parser.add_argument("--apibank-skip", type=int, default=200,
+                        help="API-Bank items before this were used for tuning")
+    parser.add_argument("--bfcl", action="append", default=None,
+                        help="CATEGORY:N BFCL one-turn sessions (default live_simple:16)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "peer")
+    args = parser.parse_args()
+    specs = engines([int(k) for k in args.suffix_tokens.split(",")],
+                    [int(k) for k in args.toolspec_tokens.split(",")], args.ngram_tokens)
+    if args.list:
+        print("\n".join(f"{spec.name}: {spec.kind} {spec.model or spec.speculative or ''}"
+                        for spec in specs))
+        return 0
+    if args.engines:
+        wanted = args.engines.split(",")
+        specs = [spec for spec in specs if spec.name in wanted]
+    levels = [int(level) for level in args.levels.split(",")]
+    bfcl = args.bfcl or ["live_simple:16"]
+    sessions = load_sessions(args.apibank, [s for s in bfcl if s != "none"],
+                             skip=args.apibank_skip)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:8]
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    saved = args.out / "results.json"
+    if saved.exists():  # a rerun adds engines to the same run's results
+        results = {name: {int(k): v for k, v in by_level.items()}
+                   for name, by_level in json.loads(saved.read_text())["engines"].items()}
+    for spec in specs:
+        results[spec.name] = measure(spec, args, sessions, levels, run_id, args.out)
+        identity = compare(results)
+        saved.write_text(json.dumps({
+            "model": args.model, "levels": levels, "max_tokens": args.max_tokens,
+            "threads": args.threads, "apibank": str(args.apibank),
+            "apibank_skip": args.apibank_skip, "bfcl": bfcl, "sessions": len(sessions),
+            "specs": [asdict(s) for s in specs], "identity": identity,
+            "engines": results}, indent=1))
+    identity = compare(results)
+    report = [table(results, identity, levels), ""]
+    best = max((n for n in results if n.startswith("toolspec")),
+               key=lambda n: results[n].get(8, {}).get("completion_tokens_per_s", 0),
+               default=None)
+    if best is not None:
+        report += [f"Goals for {best}:", *(f"- {line}" for line in goals(results, best))]
+    (args.out / "peer.md").write_text("\n".join(report) + "\n")
+    plot(results, args.out / "peer.png")
+    print("\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
