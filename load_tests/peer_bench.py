@@ -96,8 +96,10 @@ def level_sessions(sessions: list[dict[str, Any]], turns: int) -> list[dict[str,
 
 
 def run_level(url: str, model: str, sessions: list[dict[str, Any]], name: str, level: int,
-              max_tokens: int, tenant: str | None) -> list[RequestRecord]:
-    """``level`` clients sending ``sessions`` (each turn by turn) until none are left."""
+              max_tokens: int, tenant: str | None, salt: str | None = None
+              ) -> list[RequestRecord]:
+    """``level`` clients sending ``sessions`` (each turn by turn) until none are left; as
+    ``tenant`` (this deployment) or with vLLM's ``cache_salt`` ``salt`` (its server)."""
     records: list[RequestRecord] = []
     lock = threading.Lock()
     queue = iter(sessions)
@@ -114,6 +116,8 @@ def run_level(url: str, model: str, sessions: list[dict[str, Any]], name: str, l
                     payload = {"model": model, "messages": messages, "tools": session["tools"],
                                "max_tokens": max_tokens, "stream": True, "temperature": 0,
                                "stream_options": {"include_usage": True}}
+                    if salt is not None:
+                        payload["cache_salt"] = salt
                     record = stream_request(http, url, payload, session_id, name, level, tenant,
                                             key=f"{session['id']}#{turn}")
                     with lock:
@@ -157,14 +161,17 @@ def _wait(url: str, process: subprocess.Popen | None, log: Path) -> None:
 
 
 @contextmanager
-def vllm_server(spec: EngineSpec, model: str, threads: str, kv_cache_gib: float, log: Path):
-    """vLLM's OpenAI server as users start it, on its own port, one compute thread."""
+def vllm_server(spec: EngineSpec, model: str, threads: str, kv_cache_gib: float, log: Path,
+                gpu: bool = False):
+    """vLLM's OpenAI server as users start it, on its own port (on the CPU, one compute
+    thread and ``kv_cache_gib`` of KV cache)."""
     port = free_port()
+    memory = ["--gpu-memory-utilization", "0.85"] if gpu else [
+        "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30)))]
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(resolve_model_dir(model)), "--served-model-name", model,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-               "--enable-prefix-caching", "--kv-cache-memory-bytes",
-               str(int(kv_cache_gib * (1 << 30))),
+               "--enable-prefix-caching", *memory,
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
     if spec.speculative is not None:
@@ -200,9 +207,10 @@ def spec_counters(url: str) -> tuple[float, float]:
 
 
 @contextmanager
-def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path):
-    """This deployment (``serve_config.yaml`` with ``spec``'s model settings, one replica,
-    the library in ``work``) on a Ray head of its own."""
+def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path,
+               gpu: bool = False):
+    """This deployment (``serve_config.yaml`` with ``spec``'s model settings, one replica
+    (on the GPU with ``gpu``), the library in ``work``) on a Ray head of its own."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     http_port = free_port()
     config["http_options"]["port"] = http_port
@@ -210,6 +218,8 @@ def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path):
     model = application["args"]["model"]
     model.pop("autoscaling", None)
     model.update(replicas=1, cpu_threads=threads, kv_cache_gib=kv_cache_gib, **spec.model)
+    if gpu:
+        model["num_gpus"] = 1
     application["args"]["library"]["path"] = str(work / "library")
     for entry in application.get("deployments", ()):
         if entry.get("name") == "ModelServer":
@@ -237,14 +247,15 @@ def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str,
             levels: list[int], run_id: str, out: Path) -> dict[int, dict[str, Any]]:
     results: dict[int, dict[str, Any]] = {}
 
-    def one_level(url: str, level: int, tenant: str | None) -> None:
+    def one_level(url: str, level: int, tenant: str | None, salt: str | None = None) -> None:
         chosen = level_sessions(sessions, max(args.requests, 4 * level))
         # Not measured: the first forwards of each shape are slow; another tenant's requests
         # (and, for vLLM's server, before the counters are read) so nothing measured is warm.
         run_level(url, args.model, sessions[-args.warmup:], "warmup", 1, args.max_tokens,
-                  f"warmup-{run_id}-{level}")
+                  f"warmup-{run_id}-{level}", f"warmup-{run_id}-{level}" if salt else None)
         before = spec_counters(url)
-        records = run_level(url, args.model, chosen, spec.name, level, args.max_tokens, tenant)
+        records = run_level(url, args.model, chosen, spec.name, level, args.max_tokens, tenant,
+                            salt)
         after = spec_counters(url)
         summary = summarize(records)
         if spec.kind == "vllm-server" and spec.speculative is not None:
@@ -257,14 +268,22 @@ def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str,
         print(f"{spec.name:>22} x{level:<3} " + json.dumps(
             {k: v for k, v in summary.items() if k != "answers"}), flush=True)
 
-    if spec.kind == "vllm-server":
+    log = out / f"{spec.name}.log"
+    if spec.kind == "vllm-server" and args.one_start:
+        # One start for every level (where starts are dear): the prefix cache is salted per
+        # level; SuffixDecoding's response cache is not, so later levels find it warm.
+        with vllm_server(spec, args.model, args.threads, args.kv_cache_gib, log,
+                         args.gpu) as url:
+            for level in levels:
+                one_level(url, level, None, f"peer-{level}-{run_id}")
+    elif spec.kind == "vllm-server":
         for level in levels:  # a fresh server per level: nothing learnt earlier serves it
-            with vllm_server(spec, args.model, args.threads, args.kv_cache_gib,
-                             out / f"{spec.name}.log") as url:
+            with vllm_server(spec, args.model, args.threads, args.kv_cache_gib, log,
+                             args.gpu) as url:
                 one_level(url, level, None)
     else:
         with tempfile.TemporaryDirectory(prefix=f"peer-{spec.name}-") as work, \
-                deployment(spec, args.threads, args.kv_cache_gib, Path(work)) as url:
+                deployment(spec, args.threads, args.kv_cache_gib, Path(work), args.gpu) as url:
             for level in levels:
                 one_level(url, level, f"peer-{spec.name}-{level}-{run_id}")
     return results
@@ -397,6 +416,10 @@ def main() -> int:
                         help="API-Bank items before this were used for tuning")
     parser.add_argument("--bfcl", action="append", default=None,
                         help="CATEGORY:N BFCL one-turn sessions (default live_simple:16)")
+    parser.add_argument("--one-start", action="store_true",
+                        help="start each vLLM server once for every level (cache_salt per "
+                             "level) instead of once per level")
+    parser.add_argument("--gpu", action="store_true", help="engines on the GPU")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "peer")
     args = parser.parse_args()
     specs = engines([int(k) for k in args.suffix_tokens.split(",")],

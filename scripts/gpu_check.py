@@ -10,7 +10,12 @@ On a CUDA machine (GPU time is rare and short: everything here is decided in adv
    of API-Bank level 1 and BFCL simple_python (items never tuned on), the e2e/decode table;
 4. **serve**: the served system on the GPU (``num_gpus: 1``) and the concurrency load at 1, 8
    and 32 sessions for toolspec and plain decoding (``load_tests/concurrency.py``);
-5. everything under ``--out`` (each phase's JSON and output, ``summary.json``, ``summary.md``);
+5. **vllm**: vLLM as the engine (``load_tests/peer_bench.py``): vLLM's server plain and with
+   SuffixDecoding, and this deployment on vLLM's engine with the ToolSpec proposer, at 1, 8 and
+   32 sessions (each engine started once, its prefix cache salted per level); it needs the
+   ``vllm`` package (the CUDA build of the version ``pyproject.toml`` names) and Arctic
+   Inference on the machine, and says so when they are missing;
+6. everything under ``--out`` (each phase's JSON and output, ``summary.json``, ``summary.md``);
    Ray is stopped at the end whatever happened.
 
 Each phase is a subprocess with a time limit; a phase that fails or runs out of time is
@@ -57,13 +62,19 @@ class Settings:
     load_seconds: float
     num_gpus: float
     limits_s: dict[str, float] = field(default_factory=dict)  # per phase
+    # The vllm phase: which engines, at which levels, how many requests a level.
+    vllm_engines: str = "vllm,vllm-suffix-k16,toolspec-vllm-k16"
+    vllm_levels: str = "1,8,32"
+    vllm_requests: int = 32
 
 
-# Under 8 minutes in all: the limits add up to 460 s.
+# Under 9.5 minutes in all: the limits add up to 560 s.
 CUDA = Settings("qwen2.5-coder-0.5b", "bf16", 256, 10, 128, "1,8,32", 15.0, 1.0,
-                {"tests": 90, "cost_curve": 50, "bench": 120, "serve": 200})
+                {"tests": 80, "cost_curve": 40, "bench": 100, "serve": 140, "vllm": 200})
+# The rehearsal of the vllm phase starts one engine for one level: the plumbing, in CI time.
 REHEARSAL = Settings("smollm2-135m", "fp32", 8, 1, 16, "1,2", 3.0, 0.0,
-                     {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420})
+                     {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420,
+                      "vllm": 300}, "vllm", "1", 1)
 
 
 @dataclass
@@ -204,6 +215,31 @@ def serve(settings: Settings, out: Path) -> Phase:
     return phase
 
 
+def vllm(settings: Settings, cuda: bool, out: Path) -> Phase:
+    """vLLM's server plain and with SuffixDecoding, and this deployment on vLLM's engine with
+    the ToolSpec proposer, side by side (``load_tests/peer_bench.py``)."""
+    phase = Phase("vllm")
+    try:
+        import vllm as _vllm  # noqa: F401 - only whether it is installed
+    except ImportError as error:
+        phase.status, phase.output_tail = "failed", f"vllm is not installed here: {error}"
+        return phase
+    folder = out / "peer"
+    done = run_phase(phase, [
+        str(BIN / "python"), "load_tests/peer_bench.py", "--model", settings.model,
+        "--engines", settings.vllm_engines, "--levels", settings.vllm_levels, "--requests",
+        str(settings.vllm_requests), "--warmup", "1", "--max-tokens",
+        str(settings.max_new_tokens), "--one-start", *(["--gpu"] if cuda else []),
+        "--out", str(folder)], settings.limits_s["vllm"], out)
+    report = folder / "results.json"
+    if done is not None and report.is_file():
+        engines = json.loads(report.read_text())["engines"]
+        phase.figures = {name: {level: {key: figures.get(key) for key in (
+            "completion_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "inter_token_p50_s", "mat")}
+            for level, figures in by_level.items()} for name, by_level in engines.items()}
+    return phase
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -248,7 +284,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-check")
     parser.add_argument("--dry-run", action="store_true",
                         help="the CPU rehearsal even where CUDA is (small model and settings)")
-    parser.add_argument("--phases", default="tests,cost_curve,bench,serve")
+    parser.add_argument("--phases", default="tests,cost_curve,bench,serve,vllm")
     args = parser.parse_args()
     import torch
 
@@ -261,7 +297,8 @@ def main() -> int:
     runners = {"tests": lambda: tests(settings, "cuda" if cuda else "cpu", args.out),
                "cost_curve": lambda: cost_curve(settings, args.out),
                "bench": lambda: bench(settings, args.out),
-               "serve": lambda: serve(settings, args.out)}
+               "serve": lambda: serve(settings, args.out),
+               "vllm": lambda: vllm(settings, cuda, args.out)}
     for name in chosen:
         phase = runners[name]()
         phases.append(phase)

@@ -37,12 +37,13 @@ def test_the_cpu_rehearsal_runs_every_phase_and_leaves_nothing_running(tmp_path:
     phases = {phase["name"]: phase for phase in summary["phases"]}
     assert done.returncode == 0, json.dumps(phases, indent=1)[-4000:]
     assert summary["mode"] == "cpu rehearsal" and list(phases) == [
-        "tests", "cost_curve", "bench", "serve"]
+        "tests", "cost_curve", "bench", "serve", "vllm"]
     assert "passed" in phases["tests"]["figures"]["result"]
     assert phases["cost_curve"]["figures"]["relative"]
     assert set(phases["bench"]["figures"]) == {"apibank-l1", "bfcl-simple_python"}
     for table in phases["bench"]["figures"].values():
         assert set(table) == {"ar", "suffix", "toolspec"}
     assert set(phases["serve"]["figures"]) == {"toolspec", "plain"}
+    assert phases["vllm"]["figures"]["vllm"]["1"]["completion_tokens_per_s"] > 0
     assert (out / "summary.md").read_text().startswith("# GPU check (cpu rehearsal")
     assert ray_processes() == set()

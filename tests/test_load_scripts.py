@@ -84,3 +84,45 @@ def test_guidellm_gets_our_requests_and_its_report_reads_as_our_table(tmp_path: 
                    "ttft_p50_ms": 800, "ttft_p99_ms": 2500, "itl_p50_ms": 35,
                    "itl_p99_ms": 120, "requests": 9, "errors": 1}
     assert "| 4 | 21.5 | 0.50 | 800 / 2500 | 35 / 120 | 9 | 1 |" in guidellm_bench.markdown([row])
+
+
+def test_the_peer_benchmark_compares_answers_and_reads_its_goals() -> None:
+    """``load_tests/peer_bench.py``'s reading of a run: one answer per request (calls parsed
+    from vLLM's text or as this deployment streamed them), the share equal to vLLM plain's,
+    the best SuffixDecoding K per level, and the issue's goals."""
+    import peer_bench
+
+    call = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+    from_text = RequestRecord("vllm", 1, 0.0, 0.1, 1.0, 20, 1.0, 200, key="s#0", output=call)
+    streamed = RequestRecord("toolspec", 1, 0.0, 0.1, 1.0, 20, 3.0, 200, key="s#0",
+                             calls=(("get_weather", {"city": "Oslo"}),))
+    prose = RequestRecord("vllm", 1, 0.0, 0.1, 1.0, 20, 1.0, 200, key="s#1",
+                          output=" It is sunny. ")
+    assert peer_bench.answer(from_text) == peer_bench.answer(streamed)
+    assert peer_bench.answer(prose) == "It is sunny."
+    sessions = [{"id": str(i), "turns": [[]] * 3} for i in range(5)]
+    assert len(peer_bench.level_sessions(sessions, 7)) == 3
+
+    def level(tokens: float, ttft: float, answers: dict[str, str]) -> dict:
+        return {"completion_tokens_per_s": tokens, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft,
+                "inter_token_p50_s": 0.05, "inter_token_p99_s": 0.1, "mat": 2.0,
+                "answers": answers}
+
+    results = {
+        "vllm": {1: level(10, 0.5, {"a": "x", "b": "y"}), 8: level(40, 1.0, {"a": "x"})},
+        "vllm-suffix-k8": {1: level(20, 0.5, {"a": "x"}), 8: level(45, 1.0, {})},
+        "vllm-suffix-k16": {1: level(25, 0.5, {}), 8: level(42, 1.0, {})},
+        "toolspec-vllm-k16": {1: level(40, 0.5, {"a": "x", "b": "z"}),
+                              8: level(60, 1.1, {"a": "x"})},
+    }
+    identity = peer_bench.compare(results)
+    assert identity["toolspec-vllm-k16"]["identical"] == 2
+    assert identity["toolspec-vllm-k16"]["compared"] == 3
+    assert identity["toolspec-vllm-k16"]["different"][0]["request"] == "b"
+    assert peer_bench.best_of(results, "vllm-suffix", 1) == "vllm-suffix-k16"
+    assert peer_bench.best_of(results, "vllm-suffix", 8) == "vllm-suffix-k8"
+    text = "\n".join(peer_bench.goals(results, "toolspec-vllm-k16"))
+    assert "1 session(s): toolspec-vllm-k16 1.60x vllm-suffix-k16" in text
+    assert "8 session(s): toolspec-vllm-k16 1.50x vllm plain" in text
+    assert "TTFT p99 at 8: 1.10x" in text
+    assert "| toolspec-vllm-k16 | 8 | 60.0 |" in peer_bench.table(results, identity, [1, 8])

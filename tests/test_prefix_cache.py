@@ -383,3 +383,21 @@ def test_smollm2_served_from_cached_blocks_computes_a_cold_prefills_bits() -> No
         assert generation.tokens == Engine(model, loaded.tokenizer, budget=8).generate(
             prompt, None, params).tokens
     assert cache.stats().hit_blocks > 0  # the second question took the system prompt's blocks
+
+
+def test_a_new_size_drops_what_no_longer_fits_through_the_store() -> None:
+    """Issue 51, item 5: a replica's prefix cache resized (``user_config``) keeps its blocks
+    where they fit and drops the rest through its store — a tensor-parallel store drops them
+    on every rank — and at 0 drops them all; nothing stays held that nobody indexes."""
+    from deployments.chat_engine import EngineSettings, resized_prefix_cache
+
+    store = ToyStore()
+    cache = PrefixCache(store, budget_bytes=500, block_tokens=2)
+    for first in range(5):
+        prompt = [first * 10 + i for i in range(3)]
+        cache.insert(prompt, block_keys("t", prompt, 2), prompt, 0, 1)
+    assert cache.stats().blocks == 5 and store.held == 500
+    assert resized_prefix_cache(cache, None, EngineSettings(prefix_cache_bytes=200)) is cache
+    assert cache.stats().blocks == 2 and store.held == 200 and len(store.dropped) == 3
+    assert resized_prefix_cache(cache, None, EngineSettings(prefix_cache_bytes=0)) is None
+    assert store.held == 0 and len(store.dropped) == 5

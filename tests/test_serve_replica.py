@@ -243,3 +243,75 @@ def test_the_next_turn_takes_its_prompt_from_the_prefix_cache_with_the_same_outp
     stats = engine.prefix_cache.stats()
     assert stats.hit_blocks == reused_end.cached_tokens // 32
     replica.shutdown()
+
+
+class GatedEngine(ScriptedChatEngine):
+    """A scripted engine whose requests each wait for ``release`` before their first step
+    (a request held mid-prefill), naming the engine in every answer."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(script=fixed(f"{name}-a", f"{name}-b"))
+        self.release = asyncio.Event()
+
+    def open(self, request: ChatRequest, library: CallLibrary | None) -> Any:
+        opened = super().open(request, library)
+        gate, steps = self.release, opened.steps
+
+        async def gated():
+            await gate.wait()
+            async for step in steps:
+                yield step
+
+        return type(opened)(opened.call_format, opened.prompt_tokens, gated(),
+                            opened.constrained)
+
+
+def test_a_reload_waits_for_the_requests_in_flight_then_swaps_the_engine() -> None:
+    """Issue 51, item 2: a request in flight finishes on the engine it started on; the old
+    engine closes only after; a request arriving meanwhile waits and runs on the new one
+    alone; no request sees two engines."""
+    old, new = GatedEngine("old"), GatedEngine("new")
+    built: list[str] = []
+    replica = ModelReplica(old)
+
+    def build() -> GatedEngine:
+        built.append("new")
+        assert old.closed, "the old engine must be closed before the new one is built"
+        return new
+
+    async def scenario() -> tuple[str, str]:
+        async def text(name: str) -> str:
+            return "".join([e.text async for e in replica.generate(request(name))
+                            if isinstance(e, TextStep)])
+
+        first = asyncio.create_task(text("in-flight"))
+        await asyncio.sleep(0.05)  # it holds the old engine, waiting mid-prefill
+        reload = asyncio.create_task(replica.reload(build, drain_timeout_s=30))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(text("arrives-during-reload"))
+        await asyncio.sleep(0.05)
+        assert built == [] and not old.closed  # draining: nothing swapped under the request
+        old.release.set()
+        assert await first == "old-aold-b"
+        await reload
+        new.release.set()
+        return await second, replica.engine
+
+    second, engine = asyncio.run(scenario())
+    assert second == "new-anew-b" and engine is new
+    assert [r.request_id for r in old.requests] == ["in-flight"]
+    assert [r.request_id for r in new.requests] == ["arrives-during-reload"]
+    new.close()
+
+
+def test_a_failed_reload_makes_the_replica_unhealthy() -> None:
+    replica = ModelReplica(ScriptedChatEngine())
+
+    def build() -> ScriptedChatEngine:
+        raise RuntimeError("no such model")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(replica.reload(build, drain_timeout_s=1))
+    with pytest.raises(RuntimeError, match="failed to reload"):
+        replica.engine.check_health()
+    assert replica.engine.describe()["reloading"] is True

@@ -151,33 +151,28 @@ def test_one_tenants_prompt_blocks_and_calls_never_serve_another(loop, engines, 
     assert again.cached_tokens >= 128
     with CallLibrary(tmp_path / "library") as library:
         library.add(ToolCall("get_weather", {"city": "Zanzibar-7731"}), tenant="alpha")
-        params = engine._params(_request("t4", messages, WEATHER, tenant="beta"),
+        params = engine.sampling_params(_request("t4", messages, WEATHER, tenant="beta"),
                                 _plan(engine, "beta", messages), library)
         assert "Zanzibar" not in str(params.extra_args)
-        params = engine._params(_request("t5", messages, WEATHER, tenant="alpha"),
+        params = engine.sampling_params(_request("t5", messages, WEATHER, tenant="alpha"),
                                 _plan(engine, "alpha", messages), library)
         assert "Zanzibar-7731" in str(params.extra_args)
 
 
 def _plan(engine, tenant: str, messages: list[dict]):
-    from deployments.request_plan import plan_request
-
-    return plan_request(_request("p", messages, WEATHER, tenant=tenant), engine.tokenizer,
-                        MODEL, engine.context_tokens, engine.added_tokens)
+    return engine.plan(_request("p", messages, WEATHER, tenant=tenant))
 
 
 def test_a_request_whose_drafting_fails_decodes_without_drafts(loop, engines) -> None:
     """A request carrying drafting data the proposer cannot use (an unknown method) gets no
     drafts; it and the requests beside it still answer exactly as plain vLLM."""
-    from deployments.request_plan import plan_request
     from toolspec.vllm.request import EXTRA_ARGS_KEY
 
     engine = engines["toolspec"]
     requests = _apibank(2)
     broken = requests[0]
-    plan = plan_request(broken, engine.tokenizer, MODEL, engine.context_tokens,
-                        engine.added_tokens)
-    params = engine._params(broken, plan, None)
+    plan = engine.plan(broken)
+    params = engine.sampling_params(broken, plan, None)
     params.extra_args[EXTRA_ARGS_KEY]["method"] = "no-such-method"
 
     async def run():

@@ -197,6 +197,15 @@ class PrefixCache:
         while self._entries:
             self._pop_oldest()
 
+    def resize(self, budget_bytes: int) -> None:
+        """Hold at most ``budget_bytes`` from now on: the least recently used blocks beyond it
+        are dropped through the store (a tensor-parallel store drops them on every rank).
+        Mutates: the budget, the index, the store."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._evict()
+
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(len(self._entries), self._bytes, self.budget_bytes,
                                 self.block_tokens, self.hit_blocks, self.missed_blocks,
