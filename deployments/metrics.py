@@ -119,11 +119,19 @@ def record_inter_token(seconds: float, tokens: int) -> None:
 
 def record_step(emitted: int, nodes: int, accepted_by_source: Mapping[str, int],
                 draft_s: float, verify_s: float) -> None:
+    """One verification step. Its timings are observed where they were measured (vLLM's
+    engine reports no step times: 0)."""
     TOKENS_PER_STEP.observe(emitted)
-    DRAFT_SECONDS.observe(draft_s)
-    VERIFY_SECONDS.observe(verify_s)
+    if verify_s > 0:
+        DRAFT_SECONDS.observe(draft_s)
+        VERIFY_SECONDS.observe(verify_s)
     if nodes:
         DRAFTED_NODES.inc(nodes)
+    record_accepted(accepted_by_source)
+
+
+def record_accepted(accepted_by_source: Mapping[str, int]) -> None:
+    """Draft tokens the model accepted, by the source that drafted them."""
     for source, count in accepted_by_source.items():
         if count:
             ACCEPTED_DRAFT_TOKENS.inc(count, tags={"source": source})

@@ -85,11 +85,12 @@ class RequestRecord:
         return (self.latency_s - self.ttft_s) / (self.completion_tokens - 1)
 
 
-def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0, skip: int = 0
-                  ) -> list[dict[str, Any]]:
-    """API-Bank dialogues (from item ``skip`` on) and BFCL items (``CATEGORY:N`` each), as
-    sessions in a shuffled order."""
-    sessions = dialogue_sessions(json.loads(apibank.read_text())[skip:])
+def load_sessions(apibank: Path, bfcl: list[str], seed: int = 0, skip: int = 0,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+    """API-Bank dialogues (``limit`` from item ``skip`` on) and BFCL items (``CATEGORY:N``
+    each), as sessions in a shuffled order (the same for the same arguments)."""
+    items = json.loads(apibank.read_text())[skip:]
+    sessions = dialogue_sessions(items[:limit] if limit is not None else items)
     for spec in bfcl:
         category, _, count = spec.partition(":")
         sessions += bfcl_sessions(category, int(count or 20))

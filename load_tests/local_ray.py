@@ -79,15 +79,22 @@ def _processes_under(temp_dir: Path) -> list[int]:
 
 
 def _stop(head: subprocess.Popen, temp_dir: Path) -> None:
-    """Stop a head and every process it started (those naming its temp dir); drop the dir."""
+    """Stop a head and every process it started (those naming its temp dir, and every
+    descendant — vLLM's engine processes rename themselves); drop the dir."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(head.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
     head.terminate()  # `ray start --block` stops every process it started on SIGTERM
     try:
         head.wait(timeout=120)
     except subprocess.TimeoutExpired:
         head.kill()
         head.wait()
-    for pid in _processes_under(temp_dir):  # anything that outlived it
-        try:
+    for pid in {*_processes_under(temp_dir), *(p.pid for p in descendants)}:
+        try:  # anything that outlived it
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass

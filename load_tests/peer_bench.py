@@ -5,9 +5,10 @@ the same requests, one compute thread each, every level cold.
 
 Traffic: the project's agent traffic (``load_tests/sessions.py``): API-Bank level-1 dialogues from
 item ``--apibank-skip`` on and BFCL items, in OpenAI ``tools`` form, streamed, greedy, turns as the
-data gives them (so every engine gets the very same requests). Per concurrency level N, the same
-fixed list of sessions (at least ``--requests`` turns, and 4 N) is sent by N clients, each taking
-the next session and sending its turns in order with its own ``x-session-id``.
+data gives them (so every engine gets the very same requests, in the same order). Per concurrency
+level N, N clients take the next session of one fixed list and send its turns in order with its
+own ``x-session-id``, for ``--seconds`` (requests in flight then finish): throughput is measured
+under a full load, not a draining one; the requests every engine completed are compared.
 
 Cold: vLLM's server starts afresh for each level (its prefix cache and SuffixDecoding's response
 cache start empty); this deployment starts once per engine and serves each level as a tenant of
@@ -84,29 +85,20 @@ def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: 
 
 # ---- the requests -------------------------------------------------------------------------------
 
-def level_sessions(sessions: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
-    """The first sessions holding at least ``turns`` turns between them."""
-    chosen, total = [], 0
-    for session in sessions:
-        if total >= turns:
-            break
-        chosen.append(session)
-        total += len(session["turns"])
-    return chosen
-
-
 def run_level(url: str, model: str, sessions: list[dict[str, Any]], name: str, level: int,
-              max_tokens: int, tenant: str | None, salt: str | None = None
-              ) -> list[RequestRecord]:
-    """``level`` clients sending ``sessions`` (each turn by turn) until none are left; as
-    ``tenant`` (this deployment) or with vLLM's ``cache_salt`` ``salt`` (its server)."""
+              max_tokens: int, tenant: str | None, salt: str | None = None,
+              seconds: float | None = None) -> list[RequestRecord]:
+    """``level`` clients taking ``sessions`` in order (each turn by turn) until ``seconds``
+    have passed (None: until none are left); as ``tenant`` (this deployment) or with vLLM's
+    ``cache_salt`` ``salt`` (its server)."""
     records: list[RequestRecord] = []
     lock = threading.Lock()
     queue = iter(sessions)
+    deadline = time.perf_counter() + seconds if seconds is not None else None
 
     def client() -> None:
         with httpx.Client() as http:
-            while True:
+            while deadline is None or time.perf_counter() < deadline:
                 with lock:
                     session = next(queue, None)
                 if session is None:
@@ -248,14 +240,13 @@ def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str,
     results: dict[int, dict[str, Any]] = {}
 
     def one_level(url: str, level: int, tenant: str | None, salt: str | None = None) -> None:
-        chosen = level_sessions(sessions, max(args.requests, 4 * level))
         # Not measured: the first forwards of each shape are slow; another tenant's requests
         # (and, for vLLM's server, before the counters are read) so nothing measured is warm.
         run_level(url, args.model, sessions[-args.warmup:], "warmup", 1, args.max_tokens,
                   f"warmup-{run_id}-{level}", f"warmup-{run_id}-{level}" if salt else None)
         before = spec_counters(url)
-        records = run_level(url, args.model, chosen, spec.name, level, args.max_tokens, tenant,
-                            salt)
+        records = run_level(url, args.model, sessions[:-args.warmup], spec.name, level,
+                            args.max_tokens, tenant, salt, args.seconds)
         after = spec_counters(url)
         summary = summarize(records)
         if spec.kind == "vllm-server" and spec.speculative is not None:
@@ -404,8 +395,8 @@ def main() -> int:
     parser.add_argument("--toolspec-tokens", default="16",
                         help="the ToolSpec proposer's K values on vLLM's engine")
     parser.add_argument("--ngram-tokens", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=24,
-                        help="turns per level at least (and 4 per session level)")
+    parser.add_argument("--seconds", type=float, default=90.0,
+                        help="per engine and level (requests in flight then finish)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=3, help="sessions sent first, unmeasured")
     parser.add_argument("--threads", default="0",
@@ -414,6 +405,8 @@ def main() -> int:
     parser.add_argument("--apibank", type=apibank_file, default="apibank:level-1")
     parser.add_argument("--apibank-skip", type=int, default=200,
                         help="API-Bank items before this were used for tuning")
+    parser.add_argument("--apibank-limit", type=int, default=None,
+                        help="API-Bank items at most (from --apibank-skip)")
     parser.add_argument("--bfcl", action="append", default=None,
                         help="CATEGORY:N BFCL one-turn sessions (default live_simple:16)")
     parser.add_argument("--one-start", action="store_true",
@@ -434,7 +427,7 @@ def main() -> int:
     levels = [int(level) for level in args.levels.split(",")]
     bfcl = args.bfcl or ["live_simple:16"]
     sessions = load_sessions(args.apibank, [s for s in bfcl if s != "none"],
-                             skip=args.apibank_skip)
+                             skip=args.apibank_skip, limit=args.apibank_limit)
     args.out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:8]
     results: dict[str, dict[int, dict[str, Any]]] = {}

@@ -62,10 +62,10 @@ class Settings:
     load_seconds: float
     num_gpus: float
     limits_s: dict[str, float] = field(default_factory=dict)  # per phase
-    # The vllm phase: which engines, at which levels, how many requests a level.
+    # The vllm phase: which engines, at which levels, how long a level.
     vllm_engines: str = "vllm,vllm-suffix-k16,toolspec-vllm-k16"
     vllm_levels: str = "1,8,32"
-    vllm_requests: int = 32
+    vllm_seconds: float = 12.0
 
 
 # Under 9.5 minutes in all: the limits add up to 560 s.
@@ -74,7 +74,7 @@ CUDA = Settings("qwen2.5-coder-0.5b", "bf16", 256, 10, 128, "1,8,32", 15.0, 1.0,
 # The rehearsal of the vllm phase starts one engine for one level: the plumbing, in CI time.
 REHEARSAL = Settings("smollm2-135m", "fp32", 8, 1, 16, "1,2", 3.0, 0.0,
                      {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420,
-                      "vllm": 300}, "vllm", "1", 1)
+                      "vllm": 300}, "vllm", "1", 3.0)
 
 
 @dataclass
@@ -227,8 +227,8 @@ def vllm(settings: Settings, cuda: bool, out: Path) -> Phase:
     folder = out / "peer"
     done = run_phase(phase, [
         str(BIN / "python"), "load_tests/peer_bench.py", "--model", settings.model,
-        "--engines", settings.vllm_engines, "--levels", settings.vllm_levels, "--requests",
-        str(settings.vllm_requests), "--warmup", "1", "--max-tokens",
+        "--engines", settings.vllm_engines, "--levels", settings.vllm_levels, "--seconds",
+        str(settings.vllm_seconds), "--warmup", "1", "--max-tokens",
         str(settings.max_new_tokens), "--one-start", *(["--gpu"] if cuda else []),
         "--out", str(folder)], settings.limits_s["vllm"], out)
     report = folder / "results.json"

@@ -23,7 +23,8 @@ is on. Until attached, the proposer drafts nothing (and says so once).
 
 Settings the proposer cannot take from vLLM's config come from the environment of the process
 that starts the engine (vLLM's processes inherit it): ``TOOLSPEC_PROPOSER_METHOD`` (the method of
-requests that name none; default ``toolspec``) and ``TOOLSPEC_PROPOSER_MIN_REACH`` (default 0.1).
+requests that name none; default ``toolspec``), ``TOOLSPEC_PROPOSER_MIN_REACH`` (default 0.1) and
+``TOOLSPEC_PROPOSER_TREE_NODES`` (default 4): see ``SessionSettings``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class ToolSpecProposer:
         settings = SessionSettings(
             max_tokens=int(vllm_config.speculative_config.num_speculative_tokens),
             method=os.environ.get("TOOLSPEC_PROPOSER_METHOD", DEFAULT_METHOD),
-            min_reach=float(os.environ.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.1")))
+            min_reach=float(os.environ.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.1")),
+            tree_nodes=int(os.environ.get("TOOLSPEC_PROPOSER_TREE_NODES", "4")))
         self.sessions = DraftSessions(load_tokenizer(vllm_config.model_config.tokenizer),
                                       settings)
         self._runner: Any = None

@@ -49,11 +49,14 @@ DEFAULT_METHOD = "toolspec"
 class SessionSettings:
     """``max_tokens``: the longest chain (vLLM's ``num_speculative_tokens``); ``method``: the
     registry method of requests that name none; ``min_reach``: a chain stops before a node
-    whose calibrated probability of being reached is lower."""
+    whose calibrated probability of being reached is lower; ``tree_nodes``: the size of the
+    tree the chain is cut from, in chains (a tree of exactly ``max_tokens`` nodes spreads
+    them over its branches, and its likeliest path stops short)."""
 
     max_tokens: int
     method: str = DEFAULT_METHOD
     min_reach: float = 0.1
+    tree_nodes: int = 4
     max_tenants: int = 256
 
     def __post_init__(self) -> None:
@@ -176,10 +179,10 @@ class DraftSessions:
         try:
             emitted = session.catch_up(context)
             self._learn(session.chain, emitted)
-            tree = session.drafter.propose(context, min(limit, self.settings.max_tokens))
+            longest = min(limit, self.settings.max_tokens)
+            tree = session.drafter.propose(context, longest * self.settings.tree_nodes)
             reach = self.calibration.reach_probabilities(tree)
-            nodes = best_chain(tree, reach, min(limit, self.settings.max_tokens),
-                               self.settings.min_reach)
+            nodes = best_chain(tree, reach, longest, self.settings.min_reach)
             session.chain = tree.subtree(nodes)
         except Exception:  # noqa: BLE001 - see ``start``
             self._fail(request_id, "drafting failed")
