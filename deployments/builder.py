@@ -61,6 +61,12 @@ class ModelConfig(_Strict):
                                 "(vLLM's SuffixDecoding), ngram (vLLM's prompt lookup), none")
     speculative_tokens: int = Field(16, ge=1, le=128,
                                     description="engine vllm: the longest draft chain")
+    min_reach: float = Field(
+        0.3, ge=0, le=1, description="engine vllm: a draft chain stops before a token whose "
+                                     "calibrated chance of acceptance is lower")
+    kv_block_tokens: int | None = Field(
+        32, ge=16, description="engine vllm: its KV block, the unit its prefix cache shares "
+                               "(null: vLLM's default, 128 on CPU)")
     kv_cache_gib: float = Field(4.0, gt=0, description="engine vllm on CPU: its KV cache")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1,
                                           description="engine vllm on a GPU: its memory share")
@@ -310,7 +316,9 @@ class AppConfig(_Strict):
             prefix_cache_bytes=model.prefix_cache_bytes,
             tensor_parallel_size=model.tensor_parallel_size, exact_bf16=model.exact_bf16,
             speculative_method=model.speculative_method,
-            speculative_tokens=model.speculative_tokens, kv_cache_gib=model.kv_cache_gib,
+            speculative_tokens=model.speculative_tokens, min_reach=model.min_reach,
+            kv_block_tokens=model.kv_block_tokens,
+            kv_cache_gib=model.kv_cache_gib,
             gpu_memory_utilization=model.gpu_memory_utilization, cpu_threads=model.cpu_threads,
             compile=model.compile)
 

@@ -98,6 +98,12 @@ class EngineSettings:
     # model graph at start (false: eager, a faster start).
     speculative_method: SpeculativeMethod = "toolspec"
     speculative_tokens: int = 16
+    # The ToolSpec proposer's chains stop before a token whose calibrated chance of being
+    # reached is lower (each verified token costs a row; on a compute-bound CPU, most).
+    min_reach: float = 0.3
+    # vLLM's KV block (its prefix cache's unit): tool-calling prompts share long starts that
+    # end anywhere, and a 32-token block keeps more of them than its CPU default of 128.
+    kv_block_tokens: int | None = 32
     kv_cache_gib: float = 4.0
     gpu_memory_utilization: float = 0.85
     cpu_threads: str = "auto"

@@ -22,7 +22,7 @@ replaces the replica, and requests in flight end with an error event (the ingres
 request once before any output reached the client).
 
 Mutates: the vLLM engine's requests; ``os.environ`` of this process once, at start, for the
-settings vLLM reads only from there (CPU thread binding).
+settings its processes read only from there (CPU thread binding, the proposer's settings).
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def engine_args(settings: EngineSettings) -> AsyncEngineArgs:
         options["kv_cache_memory_bytes"] = int(settings.kv_cache_gib * (1 << 30))
     else:
         options["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.kv_block_tokens is not None:
+        options["block_size"] = settings.kv_block_tokens
     if settings.step_rows not in ("auto", 0):
         options["max_num_batched_tokens"] = int(settings.step_rows)
     if settings.tensor_parallel_size > 1 and device.type == "cuda":
@@ -123,6 +125,8 @@ class VLLMChatEngine:
         self.settings = settings
         if settings.cpu_threads != "auto":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads
+        # Read by the proposer in vLLM's worker process, which inherits this environment.
+        os.environ["TOOLSPEC_PROPOSER_MIN_REACH"] = str(settings.min_reach)
         self.args = engine_args(settings)
         self.tokenizer = load_tokenizer(settings.model)
         self.added_tokens = added_token_ids(self.tokenizer)

@@ -65,11 +65,16 @@ class EngineSpec:
     kind: str  # "deployment" | "vllm-server"
     model: dict[str, Any] = field(default_factory=dict)
     speculative: dict[str, Any] | None = None
+    server_args: tuple[str, ...] = ()  # more of vLLM's server flags
 
 
 def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: int
             ) -> list[EngineSpec]:
-    specs = [EngineSpec("vllm", "vllm-server")]
+    # vLLM's CPU default KV block is 128 tokens; this deployment uses 32 (more of a tool list
+    # found in the prefix cache): the -b32 servers show what that alone gives vLLM.
+    b32 = ("--block-size", "32")
+    specs = [EngineSpec("vllm", "vllm-server"), EngineSpec("vllm-b32", "vllm-server",
+                                                           server_args=b32)]
     specs += [EngineSpec(f"toolspec-vllm-k{k}", "deployment",
                          {"engine": "vllm", "speculative_method": "toolspec",
                           "speculative_tokens": k}) for k in toolspec_tokens]
@@ -77,6 +82,9 @@ def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: 
     specs += [EngineSpec(f"vllm-suffix-k{k}", "vllm-server",
                          speculative={"method": "suffix", "num_speculative_tokens": k})
               for k in suffix_tokens]
+    specs += [EngineSpec(f"vllm-suffix-k{k}-b32", "vllm-server", speculative={
+        "method": "suffix", "num_speculative_tokens": k}, server_args=b32)
+        for k in suffix_tokens[1:2]]
     specs.append(EngineSpec(f"vllm-ngram-k{ngram_tokens}", "vllm-server", speculative={
         "method": "ngram", "num_speculative_tokens": ngram_tokens, "prompt_lookup_min": 2,
         "prompt_lookup_max": 5}))
@@ -168,6 +176,7 @@ def vllm_server(spec: EngineSpec, model: str, threads: str, kv_cache_gib: float,
                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
     if spec.speculative is not None:
         command += ["--speculative-config", json.dumps(spec.speculative)]
+    command += spec.server_args
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": threads}
     with open(log, "a") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)

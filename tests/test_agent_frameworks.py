@@ -1,8 +1,8 @@
 """Agent loops run by the frameworks themselves against the served default model on a real local
-Ray Serve: the OpenAI Agents SDK (on the Responses API and on its chat-completions model
-class) and LangGraph's prebuilt ReAct agent over LangChain's ``ChatOpenAI``, each streamed and
-not, each a real multi-turn tool loop with a local Python tool, bounded by the framework's own
-turn limit.
+Ray Serve, on the shipped engine (vLLM's, drafting with the ToolSpec proposer): the OpenAI
+Agents SDK (on the Responses API and on its chat-completions model class) and LangGraph's
+prebuilt ReAct agent over LangChain's ``ChatOpenAI``, each streamed and not, each a real
+multi-turn tool loop with a local Python tool, bounded by the framework's own turn limit.
 
 The frameworks run in their own venv (``make agents-venv``; ``make test`` builds it) through
 ``load_tests/agent_loops.py``, as a user's agent process would. What is asserted is the
@@ -33,7 +33,7 @@ CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}},
                "required": ["city"], "additionalProperties": False}
 MAX_TURNS = 3
 
-pytestmark = [pytest.mark.real_model, pytest.mark.ray]
+pytestmark = [pytest.mark.real_model, pytest.mark.ray, pytest.mark.vllm]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,11 @@ def agent_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     if not AGENTS_PYTHON.exists():
         pytest.fail(f"{AGENTS_PYTHON} is missing: `make agents-venv` builds it (`make test` "
                     "does so first)")
-    config = AppConfig(model=ModelConfig(model=MODEL, dtype="float32", draft_budget=8,
-                                         num_cpus=1, max_ongoing_requests=4),
+    # vLLM's engine with the ToolSpec proposer, as serve_config.yaml ships it (fp32: the
+    # same answers streamed or not; eager: a faster start).
+    config = AppConfig(model=ModelConfig(model=MODEL, dtype="float32", engine="vllm",
+                                         kv_cache_gib=1.0, compile=False, num_cpus=1,
+                                         max_ongoing_requests=4),
                        library=LibraryConfig(path=str(tmp_path_factory.mktemp("lib")),
                                              num_cpus=0),
                        responses=ResponsesConfig(path=str(tmp_path_factory.mktemp("resp"))))

@@ -1,7 +1,8 @@
 """The deployment as users run it: ``ray start --head`` and ``serve deploy serve_config.yaml``
-(the real root config; only its HTTP port and library directory are moved into the test's own
-space), ready per ``deployments.ready``, one tool call through the ``openai`` client, then
-``serve shutdown`` and the head stopped.
+(the real root config, its shipped engine included; only its HTTP port and library directory
+are moved into the test's own space), ready per ``deployments.ready``, a tool call whole and
+streamed and through the Responses API with the ``openai`` client, then ``serve shutdown`` and
+the head stopped.
 
 The Ray head is this test's own (``load_tests/local_ray.py``): its own temp dir and ports, and
 every process it started stopped after — never ``ray stop``, which would stop any Ray on the
@@ -60,6 +61,14 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
                 model=MODEL, tools=[WEATHER], max_tokens=64,
                 messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                 extra_headers={"x-session-id": "deploy-1", "x-toolspec-tenant": "deploy-test"})
+            streamed = list(client.chat.completions.create(
+                model=MODEL, tools=[WEATHER], max_tokens=64, stream=True,
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                extra_headers={"x-session-id": "deploy-2", "x-toolspec-tenant": "deploy-test"}))
+            response = client.responses.create(
+                model=MODEL, input="What is the weather in Paris?", max_output_tokens=64,
+                tools=[{"type": "function", **WEATHER["function"]}])
+            described = client.models.list().data[0].model_extra
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(
                     model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "hi"}],
@@ -74,3 +83,12 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
     assert call.function.name == "get_weather"
     assert "paris" in json.loads(call.function.arguments)["city"].lower()
     assert reply.model_extra["toolspec"]["steps"] >= 1
+    # The shipped engine: vLLM's, drafting with the ToolSpec proposer.
+    assert described["engine"] == "vllm"
+    fragments = [c.function for chunk in streamed for choice in chunk.choices
+                 for c in choice.delta.tool_calls or ()]
+    assert fragments[0].name == "get_weather"
+    assert json.loads("".join(f.arguments or "" for f in fragments)) == \
+        json.loads(call.function.arguments)  # streamed as answered whole
+    (item,) = [item for item in response.output if item.type == "function_call"]
+    assert item.name == "get_weather" and "paris" in json.loads(item.arguments)["city"].lower()

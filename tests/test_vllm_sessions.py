@@ -180,3 +180,29 @@ def test_one_tenants_past_calls_are_never_drafted_for_another(tokenizer, targets
     sessions.close()
     assert secret not in early["b"] and "Zanz" not in early["b"]
     assert secret in early["a"]
+
+
+def test_a_steps_token_budget_keeps_the_likeliest_tokens_of_all_chains() -> None:
+    from toolspec.vllm.sessions import _likeliest
+
+    a = DraftTree((1, 2, 3), (-1, 0, 1), ("s",) * 3)
+    b = DraftTree((4, 5), (-1, 0), ("s",) * 2)
+    chains = [(a, [0.9, 0.5, 0.2]), (b, [0.8, 0.6]), (DraftTree(), [])]
+    assert _likeliest(chains, None) == [3, 2, 0]
+    assert _likeliest(chains, 10) == [3, 2, 0]
+    assert _likeliest(chains, 3) == [1, 2, 0]  # .9, .8, .6
+    assert _likeliest(chains, 4) == [2, 2, 0]
+    assert _likeliest(chains, 0) == [0, 0, 0]
+
+
+def test_a_batch_under_a_step_budget_verifies_at_most_that_many_tokens(tokenizer,
+                                                                          targets) -> None:
+    sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=16, step_tokens=12))
+    rows = []
+    for index, target in enumerate(targets[:4]):
+        sessions.start(str(index), target.prompt_ids, _drafting(target, "acme", None))
+        rows.append((str(index), [*target.prompt_ids, *target.output_ids[:2]], 16))
+    drafts = sessions.propose_batch(rows)
+    assert 0 < sum(map(len, drafts)) <= 12
+    assert sessions.stats.drafted == sum(map(len, drafts))
+    sessions.close()

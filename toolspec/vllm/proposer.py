@@ -23,8 +23,9 @@ is on. Until attached, the proposer drafts nothing (and says so once).
 
 Settings the proposer cannot take from vLLM's config come from the environment of the process
 that starts the engine (vLLM's processes inherit it): ``TOOLSPEC_PROPOSER_METHOD`` (the method of
-requests that name none; default ``toolspec``), ``TOOLSPEC_PROPOSER_MIN_REACH`` (default 0.1) and
-``TOOLSPEC_PROPOSER_TREE_NODES`` (default 4): see ``SessionSettings``.
+requests that name none; default ``toolspec``), ``TOOLSPEC_PROPOSER_MIN_REACH`` (default 0.3) and
+``TOOLSPEC_PROPOSER_TREE_NODES`` (default 4) and ``TOOLSPEC_PROPOSER_STEP_TOKENS`` (default:
+none): see ``SessionSettings``.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class ToolSpecProposer:
         settings = SessionSettings(
             max_tokens=int(vllm_config.speculative_config.num_speculative_tokens),
             method=os.environ.get("TOOLSPEC_PROPOSER_METHOD", DEFAULT_METHOD),
-            min_reach=float(os.environ.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.1")),
-            tree_nodes=int(os.environ.get("TOOLSPEC_PROPOSER_TREE_NODES", "4")))
+            min_reach=float(os.environ.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.3")),
+            tree_nodes=int(os.environ.get("TOOLSPEC_PROPOSER_TREE_NODES", "4")),
+            step_tokens=_optional_int(os.environ.get("TOOLSPEC_PROPOSER_STEP_TOKENS")))
         self.sessions = DraftSessions(load_tokenizer(vllm_config.model_config.tokenizer),
                                       settings)
         self._runner: Any = None
@@ -87,16 +89,19 @@ class ToolSpecProposer:
         # memory before a new request of that tenant starts.
         self.sessions.retire(batch.req_id_to_index.keys())
         running = batch.req_ids
+        rows, asked = [], []
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled:
                 continue
             request_id = running[row]
             length = int(num_tokens_no_spec[row])
-            limit = self.max_model_len - length - 1
             if request_id not in self.sessions:
                 self._start(request_id, states.get(request_id))
-            drafts[row] = self.sessions.propose(request_id,
-                                                token_ids_cpu[row, :length].tolist(), limit)
+            rows.append(row)
+            asked.append((request_id, token_ids_cpu[row, :length].tolist(),
+                          self.max_model_len - length - 1))
+        for row, draft in zip(rows, self.sessions.propose_batch(asked)):
+            drafts[row] = draft
         return drafts
 
     def _start(self, request_id: str, state: Any) -> None:
@@ -136,3 +141,7 @@ def speculative_config(num_tokens: int) -> dict[str, Any]:
     """vLLM's ``speculative_config`` for the ToolSpec proposer."""
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": num_tokens}
 
+
+
+def _optional_int(text: str | None) -> int | None:
+    return int(text) if text not in (None, "", "none") else None

@@ -51,12 +51,15 @@ class SessionSettings:
     registry method of requests that name none; ``min_reach``: a chain stops before a node
     whose calibrated probability of being reached is lower; ``tree_nodes``: the size of the
     tree the chain is cut from, in chains (a tree of exactly ``max_tokens`` nodes spreads
-    them over its branches, and its likeliest path stops short)."""
+    them over its branches, and its likeliest path stops short); ``step_tokens``: draft
+    tokens one step verifies across all its requests at most (None: no such limit) — on a
+    compute-bound machine every verified row costs, and a batch's unlikely tails cost most."""
 
     max_tokens: int
     method: str = DEFAULT_METHOD
-    min_reach: float = 0.1
+    min_reach: float = 0.3
     tree_nodes: int = 4
+    step_tokens: int | None = None
     max_tenants: int = 256
 
     def __post_init__(self) -> None:
@@ -87,6 +90,22 @@ class ProposerStats:
                 "chains": self.chains, "drafted": self.drafted, "accepted": self.accepted,
                 "accepted_by_source": dict(self.accepted_by_source),
                 "draft_s": round(self.draft_s, 6)}
+
+
+def _likeliest(chains: Sequence[tuple[DraftTree, Sequence[float]]], budget: int | None
+               ) -> list[int]:
+    """How many leading tokens of each chain to keep: the ``budget`` likeliest of all (by
+    reach; ties to the earlier chain and the earlier token), every chain keeping a prefix
+    since its reach never grows along it. None: all of them."""
+    lengths = [len(chain) for chain, _ in chains]
+    if budget is None or sum(lengths) <= budget:
+        return lengths
+    ranked = sorted(((-reach, index, position) for index, (_, reaches) in enumerate(chains)
+                     for position, reach in enumerate(reaches)))
+    kept = [0] * len(chains)
+    for _, index, position in ranked[:budget]:
+        kept[index] = max(kept[index], position + 1)
+    return kept
 
 
 def best_chain(tree: DraftTree, reach: Sequence[float], max_tokens: int,
@@ -170,29 +189,51 @@ class DraftSessions:
 
     def propose(self, request_id: str, context: Sequence[int], limit: int) -> list[int]:
         """The chain to verify after ``context`` (the request's prompt and every token it
-        emitted so far), at most ``limit`` tokens; learns first how much of the last chain the
-        model accepted. Empty for an unknown or failed request."""
+        emitted so far), at most ``limit`` tokens: ``propose_batch`` of one request."""
+        return self.propose_batch([(request_id, context, limit)])[0]
+
+    def propose_batch(self, rows: Sequence[tuple[str, Sequence[int], int]]) -> list[list[int]]:
+        """One step of many requests (``(request id, context, limit)`` each): every request's
+        drafter first learns how much of its last chain the model accepted, then drafts; of
+        all the chains, the ``step_tokens`` likeliest draft tokens are verified (a chain's
+        tokens grow less likely along it, so each keeps a prefix). Empty for an unknown or
+        failed request, or one past its limit."""
+        chains: list[tuple[DraftTree, list[float]]] = []
+        clock = time.perf_counter()
+        for request_id, context, limit in rows:
+            chains.append(self._draft(request_id, context, limit))
+        kept = _likeliest(chains, self.settings.step_tokens)
+        drafts = []
+        for (request_id, _, _), (chain, _), keep in zip(rows, chains, kept):
+            session = self._sessions.get(request_id)
+            if session is not None:
+                session.chain = chain.subtree(range(keep))
+                if keep:
+                    self.stats.chains += 1
+                    self.stats.drafted += keep
+            drafts.append(list(chain.tokens[:keep]))
+        self.stats.draft_s += time.perf_counter() - clock
+        return drafts
+
+    def _draft(self, request_id: str, context: Sequence[int], limit: int
+               ) -> tuple[DraftTree, list[float]]:
+        """One request's chain and its nodes' calibrated reach (empty where it drafts
+        nothing); a drafter that raises fails its request (``_fail``)."""
         session = self._sessions.get(request_id)
         if session is None or limit <= 0:
-            return []
-        clock = time.perf_counter()
+            return DraftTree(), []
         try:
             emitted = session.catch_up(context)
             self._learn(session.chain, emitted)
+            session.chain = DraftTree()
             longest = min(limit, self.settings.max_tokens)
             tree = session.drafter.propose(context, longest * self.settings.tree_nodes)
             reach = self.calibration.reach_probabilities(tree)
             nodes = best_chain(tree, reach, longest, self.settings.min_reach)
-            session.chain = tree.subtree(nodes)
         except Exception:  # noqa: BLE001 - see ``start``
             self._fail(request_id, "drafting failed")
-            return []
-        finally:
-            self.stats.draft_s += time.perf_counter() - clock
-        if session.chain:
-            self.stats.chains += 1
-            self.stats.drafted += len(session.chain)
-        return list(session.chain.tokens)
+            return DraftTree(), []
+        return tree.subtree(nodes), [reach[node] for node in nodes]
 
     def retire(self, running: Collection[str]) -> None:
         """Stop the sessions of requests not in ``running`` (their drafters learn into their
