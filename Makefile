@@ -99,7 +99,7 @@ $(AGENTS_STAMP): Makefile
 # The full suite (CI runs it): real weights, local Ray, HTTP end to end, the agent frameworks, a
 # multi-node cluster, the GPU script's CPU rehearsal; ~19 minutes on 2 cores.
 test: install agents-venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The edit-test loop: no Ray, no real model weights (tiny random models, fakes); ~2 minutes.
 test-fast: install

@@ -253,8 +253,8 @@ def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
                 replicas: int = 1, routing: str = "prefix_aware",
                 prefix_cache_bytes: int | None = None) -> None:
     """``serve deploy`` ``config`` with ``replicas`` fixed replicas routed by ``routing`` (and
-    another prefix-cache size, if given) and the ModelServer's ``user_config.draft_budget``
-    set, then wait until a request is answered in that mode."""
+    another prefix-cache size, if given) and the ModelServer in plain mode (``draft_budget``
+    0) or drafting, then wait until a request is answered in that mode."""
     document = yaml.safe_load(config.read_text())
     for app in document["applications"]:
         model_args = app.setdefault("args", {}).setdefault("model", {})
@@ -262,9 +262,16 @@ def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
         model_args.update(replicas=replicas, routing=routing)
         if prefix_cache_bytes is not None:
             model_args["prefix_cache_bytes"] = prefix_cache_bytes
+        # Plain decoding: the own engine verifies no draft; vLLM's engine runs with no
+        # speculative method (a reload: its speculation is fixed when the engine starts).
+        if model_args.get("engine", "toolspec") == "vllm":
+            method = model_args.get("speculative_method", "toolspec")
+            mode = {"speculative_method": "none" if draft_budget == 0 else method}
+        else:
+            mode = {"draft_budget": draft_budget}
         for deployment in app.get("deployments", ()):
             if deployment.get("name") == "ModelServer":
-                deployment.setdefault("user_config", {})["draft_budget"] = draft_budget
+                deployment.setdefault("user_config", {}).update(mode)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump(document, handle)
     serve = Path(sys.executable).parent / "serve"

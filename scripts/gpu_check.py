@@ -66,6 +66,9 @@ class Settings:
     vllm_engines: str = "vllm,vllm-suffix-k16,toolspec-vllm-k16"
     vllm_levels: str = "1,8,32"
     vllm_seconds: float = 12.0
+    # The serve phase's model settings over serve_config.yaml's (the rehearsal: no compile, a
+    # small KV cache, so a 2-core CI machine starts vLLM's engine in seconds, not minutes).
+    serve_model: dict[str, Any] = field(default_factory=dict)
 
 
 # Under 9.5 minutes in all: the limits add up to 560 s.
@@ -74,7 +77,8 @@ CUDA = Settings("qwen2.5-coder-0.5b", "bf16", 256, 10, 128, "1,8,32", 15.0, 1.0,
 # The rehearsal of the vllm phase starts one engine for one level: the plumbing, in CI time.
 REHEARSAL = Settings("smollm2-135m", "fp32", 8, 1, 16, "1,2", 3.0, 0.0,
                      {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420,
-                      "vllm": 300}, "vllm", "1", 3.0)
+                      "vllm": 300}, "vllm", "1", 3.0,
+                     {"compile": False, "kv_cache_gib": 1})
 
 
 @dataclass
@@ -175,7 +179,7 @@ def serve(settings: Settings, out: Path) -> Phase:
     args = config["applications"][0]["args"]
     args["served_model_name"] = settings.model
     args["model"].update({"model": settings.model, "dtype": settings.dtype,
-                          "num_gpus": settings.num_gpus})
+                          "num_gpus": settings.num_gpus, **settings.serve_model})
     generated = out / "serve_config.yaml"
     generated.write_text(yaml.safe_dump(config, sort_keys=False))
     temp = Path(tempfile.mkdtemp(prefix="tsgpu-"))  # short: Ray's socket paths
