@@ -44,6 +44,7 @@ def test_the_cpu_rehearsal_runs_every_phase_and_leaves_nothing_running(tmp_path:
     for table in phases["bench"]["figures"].values():
         assert set(table) == {"ar", "suffix", "toolspec"}
     assert set(phases["serve"]["figures"]) == {"toolspec", "plain"}
+    assert phases["serve"]["figures"]["plain"]["1"]["mat"] == 1.0  # no speculation in plain
     assert phases["vllm"]["figures"]["vllm"]["1"]["completion_tokens_per_s"] > 0
     assert (out / "summary.md").read_text().startswith("# GPU check (cpu rehearsal")
     assert ray_processes() == set()

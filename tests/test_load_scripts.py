@@ -108,6 +108,7 @@ def test_the_peer_benchmark_compares_answers_and_reads_its_goals() -> None:
 
     results = {
         "vllm": {1: level(10, 0.5, {"a": "x", "b": "y"}), 8: level(40, 1.0, {"a": "x"})},
+        "vllm-b32": {1: level(9, 0.4, {}), 8: level(30, 0.9, {})},
         "vllm-suffix-k8": {1: level(20, 0.5, {"a": "x"}), 8: level(45, 1.0, {})},
         "vllm-suffix-k16": {1: level(25, 0.5, {}), 8: level(42, 1.0, {})},
         "toolspec-vllm-k16": {1: level(40, 0.5, {"a": "x", "b": "z"}),
@@ -121,6 +122,6 @@ def test_the_peer_benchmark_compares_answers_and_reads_its_goals() -> None:
     assert peer_bench.best_of(results, "vllm-suffix", 8) == "vllm-suffix-k8"
     text = "\n".join(peer_bench.goals(results, "toolspec-vllm-k16"))
     assert "1 session(s): toolspec-vllm-k16 1.60x vllm-suffix-k16" in text
-    assert "8 session(s): toolspec-vllm-k16 1.50x vllm plain" in text
-    assert "TTFT p99 at 8: 1.10x" in text
+    assert "8 session(s): toolspec-vllm-k16 1.50x vllm (goal" in text  # plain at its best
+    assert "TTFT p99 at 8: 1.10x vllm's" in text
     assert "| toolspec-vllm-k16 | 8 | 60.0 |" in peer_bench.table(results, identity, [1, 8])
