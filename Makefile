@@ -97,7 +97,11 @@ $(AGENTS_STAMP): Makefile
 	touch $(AGENTS_STAMP)
 
 # The full suite (CI runs it): real weights, local Ray, HTTP end to end, the agent frameworks, a
-# multi-node cluster, the GPU script's CPU rehearsal; ~19 minutes on 2 cores.
+# multi-node cluster, the GPU script's CPU rehearsal, vLLM's engine (marker vllm); about 26
+# minutes on 2 cores (CI, 2026-12-07). Slowest: the GPU script's rehearsal (~4 min), the deploy
+# of the root serve_config.yaml (~2.5 min: vLLM compiles its graph once), the multi-node
+# cluster's start (~2.3 min), the vLLM engine's tests (~3 min together), a two-rank replica
+# losing a rank (~1.2 min). pytest lists the 15 slowest after each run.
 test: install agents-venv
 	$(PY) -m pytest -q --durations=15
 

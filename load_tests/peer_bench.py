@@ -46,6 +46,7 @@ import yaml
 
 from toolspec.bench.datasets import apibank_file
 from toolspec.calls.formats import get_format
+from toolspec.calls.output import OutputParse
 from toolspec.model.packages import DEFAULT_MODEL, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,14 +134,39 @@ def run_level(url: str, model: str, sessions: list[dict[str, Any]], name: str, l
 
 
 def answer(record: RequestRecord) -> str:
-    """What a response said, comparable across servers: its calls (parsed by the project's
-    call scanner from vLLM's text, or as this deployment streamed them) or else its text."""
-    if record.calls:
-        return json.dumps(record.calls, sort_keys=True)
-    calls = get_format("hermes").parse(record.output)
-    if calls:
-        return json.dumps([[c.name, dict(c.arguments)] for c in calls], sort_keys=True)
-    return record.output.strip()
+    """What a response said, comparable across servers (``comparable``): its calls as this
+    deployment streamed them, else its text (vLLM's server leaves this model's calls in it)."""
+    return comparable(json.dumps(record.calls) if record.calls else record.output)
+
+
+def comparable(said: str) -> str:
+    """An answer in one form whichever server gave it: calls (a JSON list of [name, arguments])
+    as they are, or else the calls the project's streaming call parser finds in the text, as
+    this deployment would have streamed them (a call cut off at ``max_tokens`` included, its
+    arguments the text written so far); arguments parsed where they are JSON. Text without
+    calls stays text."""
+    try:
+        calls = json.loads(said)
+    except ValueError:
+        calls = None
+    if not (isinstance(calls, list) and calls
+            and all(isinstance(c, list) and len(c) == 2 for c in calls)):
+        parse = OutputParse(get_format("hermes"))
+        parse.feed(said)
+        calls = [[span.name, span.arguments(parse.text)] for span in parse.spans if span.name]
+        if not calls:
+            return said.strip()
+    return json.dumps([[name, _json_or_text(arguments)] for name, arguments in calls],
+                      sort_keys=True)
+
+
+def _json_or_text(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 # ---- the servers --------------------------------------------------------------------------------
@@ -308,7 +334,7 @@ def compare(results: dict[str, dict[int, dict[str, Any]]], reference: str = "vll
                 if key not in expected:
                     continue
                 total += 1
-                if text == expected[key]:
+                if comparable(text) == comparable(expected[key]):
                     same += 1
                 elif len(different) < 20:
                     different.append({"level": level, "request": key, "answer": text[:300],
@@ -412,6 +438,9 @@ def main() -> int:
     parser.add_argument("--engines", default=None,
                         help="comma-separated names to run (default: all; see --list)")
     parser.add_argument("--list", action="store_true", help="print the engines and stop")
+    parser.add_argument("--report", action="store_true",
+                        help="measure nothing: the comparison, table and plot again from "
+                             "--out's results.json")
     parser.add_argument("--suffix-tokens", default="8,16,32",
                         help="SuffixDecoding's K values (the best is its figure)")
     parser.add_argument("--toolspec-tokens", default="16",
@@ -462,7 +491,7 @@ def main() -> int:
         results = {name: {int(k): v for k, v in by_level.items()}
                    for name, by_level in earlier["engines"].items()}
         specs_run = [s for s in earlier.get("specs", []) if s["name"] in results]
-    for spec in specs:
+    for spec in (() if args.report else specs):
         specs_run = [s for s in specs_run if s["name"] != spec.name] + [asdict(spec)]
         results[spec.name] = measure(spec, args, sessions, levels, run_id, args.out)
         identity = compare(results)
@@ -473,6 +502,10 @@ def main() -> int:
             "specs": specs_run, "identity": identity,
             "engines": results}, indent=1))
     identity = compare(results)
+    if args.report and saved.exists():  # the comparison as this code reads the answers
+        document = json.loads(saved.read_text())
+        saved.write_text(json.dumps({**document, "identity": identity}, indent=1))
+        levels = document["levels"]
     report = [table(results, identity, levels), ""]
     best = max((n for n in results if n.startswith("toolspec")),
                key=lambda n: results[n].get(8, {}).get("completion_tokens_per_s", 0),

@@ -100,6 +100,15 @@ def test_the_peer_benchmark_compares_answers_and_reads_its_goals() -> None:
                           output=" It is sunny. ")
     assert peer_bench.answer(from_text) == peer_bench.answer(streamed)
     assert peer_bench.answer(prose) == "It is sunny."
+    # A call cut off at max_tokens: this deployment streams it with its arguments so far;
+    # vLLM's text holds the same characters, after prose; a bare object is a call too.
+    cut = 'Sure:\n```json\n{"name": "get_weather", "arguments": {"city": "Os'
+    streamed_cut = RequestRecord("toolspec", 1, 0.0, 0.1, 1.0, 20, 3.0, 200, key="s#2",
+                                 calls=(("get_weather", '{"city": "Os'),))
+    assert peer_bench.answer(streamed_cut) == peer_bench.comparable(cut)
+    bare = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    assert peer_bench.comparable(bare) == peer_bench.answer(streamed)
+    assert peer_bench.comparable(peer_bench.answer(streamed)) == peer_bench.answer(streamed)
 
     def level(tokens: float, ttft: float, answers: dict[str, str]) -> dict:
         return {"completion_tokens_per_s": tokens, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft,

@@ -4,12 +4,13 @@ tenants kept apart."""
 
 from __future__ import annotations
 
+import json
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from toolspec.bench.chains import drafting_request, replay_chains, replay_one
 from toolspec.bench.datasets import load_dataset
 from toolspec.bench.sim import SimTarget, recorded_targets
 from toolspec.calls.formats import ToolCall
@@ -20,7 +21,6 @@ from toolspec.vllm.request import (
     EXTRA_ARGS_KEY,
     DraftingRequest,
     DraftingRequestError,
-    past_calls,
 )
 from toolspec.vllm.sessions import DraftSessions, SessionSettings, best_chain
 
@@ -39,57 +39,16 @@ def targets(tokenizer) -> list[SimTarget]:
     return recorded_targets(tokenizer, items, RECORDED)
 
 
-def _drafting(target: SimTarget, tenant: str, library: CallLibrary | None,
-              method: str | None = None) -> DraftingRequest:
-    tools = target.request.tools
-    return DraftingRequest(
-        tenant=tenant, method=method, call_format=target.request.call_format.name,
-        tools=tuple(tool.openai() for tool in tools),
-        conversation=target.request.conversation,
-        past_calls=past_calls(library, tenant, tools.names) if library is not None else ())
-
-
-def _replay(sessions: DraftSessions, request_id: str, prompt: Sequence[int],
-            output: Sequence[int], limit: int) -> tuple[int, list[list[int]]]:
-    """Decode ``output`` as vLLM would with greedy acceptance: the first token comes from the
-    prefill, then each step verifies the proposer's chain. Returns the steps and the chains."""
-    context, emitted, steps, chains = [*prompt, output[0]], 1, 0, []
-    while emitted < len(output):
-        chain = sessions.propose(request_id, context, limit)
-        chains.append(chain)
-        accepted = 0
-        while accepted < len(chain) and emitted + accepted < len(output) \
-                and chain[accepted] == output[emitted + accepted]:
-            accepted += 1
-        step = list(output[emitted:emitted + accepted + 1])
-        context.extend(step)
-        emitted += len(step)
-        steps += 1
-    return steps, chains
-
-
 def _serve(tokenizer, targets: list[SimTarget], method: str, max_tokens: int = 16
            ) -> tuple[float, int]:
     """Every target one after another for one tenant, each request carrying the calls the
     earlier ones made (as the replica's library view holds them). Returns tokens per step
     and the longest chain."""
-    sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=max_tokens, method=method))
-    tokens = steps = longest = 0
     with tempfile.TemporaryDirectory() as home, CallLibrary(home) as library:
-        for index, target in enumerate(targets):
-            request_id = f"req-{index}"
-            sessions.start(request_id, target.prompt_ids, _drafting(target, "acme", library))
-            taken, chains = _replay(sessions, request_id, target.prompt_ids, target.output_ids,
-                                    max_tokens)
-            sessions.retire(())
-            tokens += len(target.output_ids) - 1
-            steps += taken
-            longest = max([longest, *map(len, chains)])
-            text = tokenizer.decode(target.output_ids, skip_special_tokens=True)
-            library.remember(target.request.call_format.parse(text), target.request.tools.names,
-                             "acme")
-    sessions.close()
-    return tokens / steps, longest
+        report = replay_chains(tokenizer, targets, SessionSettings(max_tokens=max_tokens,
+                                                                   method=method),
+                               library, "acme")
+    return report.tokens_per_step, report.longest_chain
 
 
 def test_extra_args_carry_a_request_and_reject_a_malformed_one() -> None:
@@ -132,12 +91,12 @@ def test_replayed_outputs_are_drafted_as_chains_that_beat_the_fallback(tokenizer
 def test_a_request_that_cannot_be_drafted_for_fails_alone(tokenizer, targets) -> None:
     sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=8))
     good, bad = targets[0], targets[1]
-    sessions.start("good", good.prompt_ids, _drafting(good, "acme", None))
+    sessions.start("good", good.prompt_ids, drafting_request(good, "acme", None))
     broken = DraftingRequest(tenant="acme", method="no-such-method")
     sessions.start("bad", bad.prompt_ids, broken)
     assert "bad" in sessions and sessions.stats.failed_requests == 1
     assert sessions.propose("bad", [*bad.prompt_ids, *bad.output_ids[:3]], 8) == []
-    steps, _ = _replay(sessions, "good", good.prompt_ids, good.output_ids, 8)
+    steps, _ = replay_one(sessions, "good", good.prompt_ids, good.output_ids, 8)
     assert steps < len(good.output_ids) - 1  # it still drafts, and some drafts were taken
     sessions.retire(["good"])
     assert "bad" not in sessions and "good" in sessions
@@ -163,7 +122,7 @@ def test_one_tenants_past_calls_are_never_drafted_for_another(tokenizer, targets
         for _ in range(3):
             library.add(call, tenant="a")
         for tenant in ("b", "a"):
-            sessions.start(tenant, target.prompt_ids, _drafting(target, tenant, library))
+            sessions.start(tenant, target.prompt_ids, drafting_request(target, tenant, library))
             context, emitted, drafted = [*target.prompt_ids, output[0]], 1, ""
             while emitted < len(output):
                 chain = sessions.propose(tenant, context, 16)
@@ -200,9 +159,24 @@ def test_a_batch_under_a_step_budget_verifies_at_most_that_many_tokens(tokenizer
     sessions = DraftSessions(tokenizer, SessionSettings(max_tokens=16, step_tokens=12))
     rows = []
     for index, target in enumerate(targets[:4]):
-        sessions.start(str(index), target.prompt_ids, _drafting(target, "acme", None))
+        sessions.start(str(index), target.prompt_ids, drafting_request(target, "acme", None))
         rows.append((str(index), [*target.prompt_ids, *target.output_ids[:2]], 16))
     drafts = sessions.propose_batch(rows)
     assert 0 < sum(map(len, drafts)) <= 12
     assert sessions.stats.drafted == sum(map(len, drafts))
     sessions.close()
+
+
+def test_the_simulator_replays_recorded_outputs_as_chains(tmp_path: Path, capsys) -> None:
+    """``toolspec sim --chains K``: the same recorded items as the tree replay, through the
+    proposer's sessions, one chain of at most K tokens per step."""
+    from toolspec.bench.main import main
+
+    out = tmp_path / "chains.json"
+    assert main(["sim", "--data", "apibank:level-1", "--limit", "10", "--recorded",
+                 str(RECORDED), "--drafter", "toolspec", "--chains", "8", "--json",
+                 str(out)]) == 0
+    assert "chains of at most 8 tokens" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["items"] == 10 and report["chains"] == 8
+    assert report["longest_chain"] <= 8 and report["tokens_per_step"] > 2.0

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from toolspec.bench.cli import add_bench_commands, bench_usage_error
 from toolspec.bench.cli_options import (
@@ -59,6 +60,8 @@ def _sim(args: argparse.Namespace) -> int:
         nodes_given = _SIM_BUDGET
     budget = budget_for(cost, nodes_given)  # as engines are built: one constructor
     sized = "cost-aware budget" if nodes_given is None else f"budget {nodes_given}"
+    if args.chains:
+        return _sim_chains(args, method, tokenizer, targets)
     with open_library(args, [method]) as library:
         drafter = METHODS[method](MethodSetup(tokenizer, library))(())
         freeze_loaded_objects()  # as bench and serving do: drafting times without old objects' GC
@@ -72,6 +75,29 @@ def _sim(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(document, indent=2))
     if args.step_ends:
         write_step_ends(Path(args.step_ends), report.step_ends, targets, tokenizer)
+    return 0
+
+
+def _sim_chains(args: argparse.Namespace, method: str, tokenizer: Any, targets: list[Any]
+                ) -> int:
+    """``toolspec sim --chains K``: the targets through the ToolSpec proposer as vLLM drives it,
+    one chain of at most K tokens per step (``toolspec/bench/chains.py``)."""
+    from toolspec.bench.chains import replay_chains
+    from toolspec.vllm.sessions import SessionSettings
+
+    settings = SessionSettings(max_tokens=args.chains, method=method,
+                               min_reach=args.min_reach, tree_nodes=args.tree_nodes)
+    with open_library(args, [method]) as library:
+        report = replay_chains(tokenizer, targets, settings, library, args.tenant)
+    print(f"{method} on {args.data} ({'recorded outputs' if args.recorded else 'ground truth'}), "
+          f"chains of at most {args.chains} tokens (min_reach {args.min_reach}, trees of "
+          f"{args.tree_nodes}x{args.chains} nodes)")
+    print(json.dumps(report.as_dict(), indent=2))
+    if args.json:
+        document = {"drafter": method, "data": str(args.data), "chains": args.chains,
+                    "min_reach": args.min_reach, "tree_nodes": args.tree_nodes,
+                    **report.as_dict()}
+        Path(args.json).write_text(json.dumps(document, indent=2))
     return 0
 
 
@@ -128,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "used): size trees to it (unless --budget) and estimate the speed-up")
     sim.add_argument("--recorded", type=Path,
                      help="items.jsonl from toolspec bench: replay its ar outputs")
+    sim.add_argument("--chains", type=int, default=None, metavar="K",
+                     help="replay as vLLM's speculative decoding with the ToolSpec proposer: "
+                          "one chain of at most K tokens per step instead of a tree")
+    sim.add_argument("--min-reach", type=float, default=0.3,
+                     help="with --chains: a chain stops before a less likely token")
+    sim.add_argument("--tree-nodes", type=int, default=4,
+                     help="with --chains: each chain is cut from a tree of this many x K nodes")
     sim.add_argument("--json", type=Path, help="write the report here")
     sim.add_argument("--step-ends", type=Path,
                      help="write every step that ended before the output here (JSON lines: "
