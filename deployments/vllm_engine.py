@@ -214,7 +214,7 @@ class VLLMChatEngine:
             if plan.grammar else None,
             extra_args=drafting.to_extra_args())
 
-    async def _ready(self) -> None:
+    async def ready(self) -> None:
         """Show the proposer its worker's batch (once, before the first request), and start
         reporting what it drafts to the metrics."""
         if self.settings.speculative_method not in _TOOLSPEC_METHODS:
@@ -247,7 +247,7 @@ class VLLMChatEngine:
                      ) -> AsyncIterator[StepEvent]:
         """The request's steps as vLLM delivers them (one delivery may hold several steps'
         tokens when this loop falls behind); the last carries the ``Generation``."""
-        await self._ready()
+        await self.ready()
         self._active += 1
         started = time.perf_counter()
         first_s: float | None = None

@@ -95,6 +95,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     toolspec_engine = VLLMChatEngine(replace(base, speculative_method="toolspec"))
     items = requests(args.data, args.max_tokens)
     try:
+        await toolspec_engine.ready()  # the proposer attached: requests below go past open()
         plain = [await decode(plain_engine, r, 2) for r in items]
         alone = [(await decode(toolspec_engine, r, None))[0] for r in items]
         batched: list[list[int]] = []
@@ -102,6 +103,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             group = items[start:start + args.concurrency]
             batched += [tokens for tokens, _ in await asyncio.gather(
                 *(decode(toolspec_engine, r, None) for r in group))]
+        proposer = await toolspec_engine.proposer_stats()  # that it drafted, and how well
     finally:
         plain_engine.close()
         toolspec_engine.close()
@@ -117,6 +119,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                          "largest_gap_at_a_difference": max(
                              (d["logprob_gap"] for d in differing
                               if d["logprob_gap"] is not None), default=None)}
+    summary["proposer"] = {key: (proposer or {}).get(key) for key in (
+        "chains", "drafted", "accepted", "failed_requests")}
     return {"settings": vars(args) | {"out": str(args.out)}, "summary": summary, "rows": rows}
 
 
