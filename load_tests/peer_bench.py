@@ -79,6 +79,10 @@ def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: 
     specs += [EngineSpec(f"toolspec-vllm-k{k}", "deployment",
                          {"engine": "vllm", "speculative_method": "toolspec",
                           "speculative_tokens": k}) for k in toolspec_tokens]
+    # vLLM without drafts behind this deployment: what its serving path (ingress, Ray hop,
+    # call parsing) costs against vLLM's own server.
+    specs.append(EngineSpec("deployment-vllm-plain", "deployment",
+                            {"engine": "vllm", "speculative_method": "none"}))
     specs.append(EngineSpec("toolspec", "deployment", {"engine": "toolspec"}))
     specs += [EngineSpec(f"vllm-suffix-k{k}", "vllm-server",
                          speculative={"method": "suffix", "num_speculative_tokens": k})
@@ -294,6 +298,8 @@ def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str,
         elif spec.kind == "vllm-server":
             summary["mat"] = 1.0
         summary["answers"] = {r.key: answer(r) for r in records if r.status == 200}
+        summary["ttft_by_request"] = {r.key: r.ttft_s for r in records
+                                      if r.status == 200 and r.ttft_s is not None}
         results[level] = summary
         print(f"{spec.name:>22} x{level:<3} " + json.dumps(
             {k: v for k, v in summary.items() if k != "answers"}), flush=True)
@@ -341,6 +347,30 @@ def compare(results: dict[str, dict[int, dict[str, Any]]], reference: str = "vll
                                       reference: expected[key][:300]})
         report[name] = {"identical": same, "compared": total, "different": different}
     return report
+
+
+def path_overhead(results: dict[str, dict[int, dict[str, Any]]],
+                  ours: str = "deployment-vllm-plain") -> list[str]:
+    """What this deployment's serving path adds to the time to first token, request by
+    request: ``ours`` (vLLM without drafts behind the deployment) against the best plain vLLM
+    server on the same requests, apart for answers that are tool calls (whose first fragment
+    waits for the call's complete name, as OpenAI's stream does) and answers that are text."""
+    lines = []
+    for level, mine in sorted(results.get(ours, {}).items()):
+        plain = best_plain(results, level)
+        theirs = results[plain][level] if plain else {}
+        differences: dict[bool, list[float]] = {True: [], False: []}
+        for key, seconds in mine.get("ttft_by_request", {}).items():
+            other = theirs.get("ttft_by_request", {}).get(key)
+            if other is not None:
+                is_call = comparable(mine["answers"].get(key, "")).startswith("[[")
+                differences[is_call].append(seconds - other)
+        for is_call, kind in ((False, "text answers"), (True, "tool-call answers")):
+            found = sorted(differences[is_call])
+            if found:
+                lines.append(f"{level} session(s), {kind}: TTFT {ours} - {plain} median "
+                             f"{found[len(found) // 2]:+.3f} s over {len(found)} requests")
+    return lines
 
 
 def best_of(results: dict[str, dict[int, dict[str, Any]]], prefix: str, level: int) -> str | None:
@@ -512,6 +542,10 @@ def main() -> int:
                default=None)
     if best is not None:
         report += [f"Goals for {best}:", *(f"- {line}" for line in goals(results, best))]
+    overhead = path_overhead(results)
+    if overhead:
+        report += ["", "This deployment's path, time to first token:",
+                   *(f"- {line}" for line in overhead)]
     (args.out / "peer.md").write_text("\n".join(report) + "\n")
     plot(results, args.out / "peer.png")
     print("\n".join(report))

@@ -134,3 +134,24 @@ def test_the_peer_benchmark_compares_answers_and_reads_its_goals() -> None:
     assert "8 session(s): toolspec-vllm-k16 1.50x vllm (goal" in text  # plain at its best
     assert "TTFT p99 at 8: 1.10x vllm's" in text
     assert "| toolspec-vllm-k16 | 8 | 60.0 |" in peer_bench.table(results, identity, [1, 8])
+
+
+def test_the_peer_benchmark_splits_its_path_overhead_by_answer_kind() -> None:
+    """``path_overhead``: request by request, this deployment's time to first token over vLLM
+    plain's (at its best block), apart for call answers and text answers."""
+    import peer_bench
+
+    call = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+    streamed = json.dumps([["get_weather", {"city": "Oslo"}]])
+    server = {"completion_tokens_per_s": 10, "answers": {"a": call, "b": "Hi", "c": "Yo"},
+              "ttft_by_request": {"a": 0.25, "b": 0.25, "c": 0.30}}
+    ours = {"completion_tokens_per_s": 9, "answers": {"a": streamed, "b": "Hi", "c": "Yo"},
+            "ttft_by_request": {"a": 0.75, "b": 0.30, "c": 0.34}}
+    lines = peer_bench.path_overhead({"vllm-b32": {1: server},
+                                      "deployment-vllm-plain": {1: ours}})
+    assert lines == [
+        "1 session(s), text answers: TTFT deployment-vllm-plain - vllm-b32 median +0.050 s "
+        "over 2 requests",
+        "1 session(s), tool-call answers: TTFT deployment-vllm-plain - vllm-b32 median "
+        "+0.500 s over 1 requests"]
+    assert peer_bench.path_overhead({"vllm-b32": {1: server}}) == []
