@@ -43,7 +43,7 @@ SERVE_URL ?= http://127.0.0.1:8000
 serve: install
 	$(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
 	$(VENV)/bin/serve deploy serve_config.yaml
-	$(PY) -m deployments.ready --url $(SERVE_URL)
+	$(PY) -m deployments.ops.ready --url $(SERVE_URL)
 
 # Shuts the Serve apps down and stops the Ray processes `make serve` started on this machine.
 stop:

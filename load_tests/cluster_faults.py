@@ -2,7 +2,7 @@
 
 The cluster is Ray's own multi-node harness on this machine (``ray.cluster_utils.Cluster``: a
 head raylet and two worker raylets, each with its own CPUs and a custom resource), placed as
-``deployments/builder.py``'s options place it on a real cluster: the HTTP proxy and the ingress
+``deployments/app/builder.py``'s options place it on a real cluster: the HTTP proxy and the ingress
 on the head (``proxy_location: HeadOnly``, ``ingress_resources``), one model replica per worker
 (``model.resources``, ``max_replicas_per_node: 1``), the retrieval actor on worker 2
 (``library.resources``) with its LMDB directory on a path every node sees (here a local
@@ -56,7 +56,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.state import list_actors  # noqa: E402
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app  # noqa: E402
-from deployments.builder import ResponsesConfig  # noqa: E402
+from deployments.app.builder import ResponsesConfig  # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
 WEATHER = {"type": "function", "function": {

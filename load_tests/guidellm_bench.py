@@ -27,7 +27,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "load_tests"))
 from concurrency import load_sessions  # noqa: E402
 
-from deployments.tenants import TENANT_HEADER  # noqa: E402
+from deployments.http.tenants import TENANT_HEADER  # noqa: E402
 from toolspec.bench.datasets import apibank_file  # noqa: E402
 from toolspec.model.packages import REGISTRY, converted_dir  # noqa: E402
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import ray
 
-from deployments.library_cache import ShardedLibraryRemote
-from deployments.library_service import LibraryService
+from deployments.library.cache import ShardedLibraryRemote
+from deployments.library.service import LibraryService
 from toolspec.bench.library_bench import SyntheticCalls, latency_percentiles
 from toolspec.library import CallLibrary
 from toolspec.library.records import ARGUMENT_KEYS, STYLES

@@ -25,8 +25,9 @@ from typing import Any
 
 import httpx
 
-from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
 from deployments.messages import ChatRequest
+from deployments.replica.engine import EngineSettings
+from deployments.replica.toolspec_engine import ToolSpecChatEngine
 from toolspec.bench.datasets import load_apibank, sample_path
 from toolspec.calls.tools import ToolSet
 

@@ -1,7 +1,7 @@
 """Are the ToolSpec proposer's outputs on vLLM exactly vLLM plain's? Token by token, with the
 margin of every difference.
 
-Two engines of the same settings in one process (``deployments.vllm_engine``): one drafting
+Two engines of the same settings in one process (``deployments.replica.vllm_engine``): one drafting
 with the ToolSpec proposer, one plain. The plain one decodes every request alone, keeping the
 log-probabilities of its top two tokens at each position; the ToolSpec one decodes them alone
 and ``--concurrency`` at a time (batches change vLLM's kernels' shapes). Per request: identical
@@ -29,8 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deployments.chat_engine import EngineSettings
 from deployments.messages import ChatRequest
+from deployments.replica.engine import EngineSettings
 from toolspec.bench.datasets import load_dataset
 from toolspec.calls.tools import ToolSet
 from toolspec.model.packages import DEFAULT_MODEL
@@ -86,7 +86,7 @@ def difference(plain: list[int], tops: list[dict[int, float]], other: list[int]
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from deployments.vllm_engine import VLLMChatEngine
+    from deployments.replica.vllm_engine import VLLMChatEngine
 
     base = EngineSettings(args.model, args.dtype, engine="vllm", speculative_tokens=args.k,
                           kv_cache_gib=args.kv_cache_gib, compile=not args.eager,

@@ -7,10 +7,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from deployments.chat_engine import EngineSettings, OpenedRequest
 from deployments.messages import ChatRequest, ReplicaEvent
-from deployments.replica import ModelReplica
-from deployments.scheduler import BatchScheduler
+from deployments.replica.engine import EngineSettings, OpenedRequest
+from deployments.replica.model_replica import ModelReplica
+from deployments.replica.scheduler import BatchScheduler
 from toolspec.calls.formats import get_format
 from toolspec.calls.output import OutputParse
 from toolspec.core.engine import Generation, StepEvent, StepOutcome, StepResult, StepStats

@@ -24,7 +24,7 @@ import pytest
 from ray import serve
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.builder import ResponsesConfig
+from deployments.app.builder import ResponsesConfig
 
 ROOT = Path(__file__).parents[1]
 AGENTS_PYTHON = ROOT / ".venv-agents" / "bin" / "python"

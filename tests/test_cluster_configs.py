@@ -12,7 +12,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 from ray.util.metrics import Metric
 
-from deployments import AppConfig, metrics
+from deployments import AppConfig
+from deployments.ops import metrics
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "cluster"

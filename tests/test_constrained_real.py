@@ -13,11 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_fakes import LocalModelClient
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
 from deployments.messages import ChatRequest
-from deployments.replica import ModelReplica
+from deployments.replica.engine import EngineSettings
+from deployments.replica.model_replica import ModelReplica
+from deployments.replica.toolspec_engine import ToolSpecChatEngine
 from toolspec.core.drafter import Drafter, NoDrafter
 from toolspec.library import CallLibrary
 

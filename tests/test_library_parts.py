@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from deployments.library_cache import ShardedLibraryRemote
-from deployments.library_service import LibraryService
+from deployments.library.cache import ShardedLibraryRemote
+from deployments.library.service import LibraryService
 from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary, ShardNotOwnedError
 from toolspec.library.keys import shard_of

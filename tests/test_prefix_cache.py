@@ -389,7 +389,8 @@ def test_a_new_size_drops_what_no_longer_fits_through_the_store() -> None:
     """Issue 51, item 5: a replica's prefix cache resized (``user_config``) keeps its blocks
     where they fit and drops the rest through its store — a tensor-parallel store drops them
     on every rank — and at 0 drops them all; nothing stays held that nobody indexes."""
-    from deployments.chat_engine import EngineSettings, resized_prefix_cache
+    from deployments.replica.engine import EngineSettings
+    from deployments.replica.toolspec_engine import resized_prefix_cache
 
     store = ToyStore()
     cache = PrefixCache(store, budget_bytes=500, block_tokens=2)

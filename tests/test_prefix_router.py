@@ -15,7 +15,7 @@ from ray.serve._private.test_utils import FakeRunningReplica
 from ray.serve.request_router import PendingRequest, ReplicaID
 
 from deployments.messages import ChatRequest
-from deployments.prefix_router import (
+from deployments.routing.prefix_router import (
     PrefixAwareRouter,
     RoutedRequest,
     RoutingMemory,

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from deployments.chat_engine import ServedDrafters
 from deployments.messages import ChatRequest
+from deployments.replica.toolspec_engine import ServedDrafters
 from toolspec.bench.datasets import load_apibank, sample_path
 from toolspec.bench.methods import METHODS, MethodSetup
 from toolspec.bench.sim import reference_targets, simulate

@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_fakes import FailingChatEngine, LocalModelClient, ScriptedChatEngine, fixed
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.limits import AdmissionLimits, json_depth
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.http.limits import AdmissionLimits, json_depth
+from deployments.http.prompting import fit_to_context
 from deployments.messages import ChatRequest, ContextLengthError, ReplicaBusyError
-from deployments.prompting import fit_to_context
-from deployments.replica import ModelReplica
+from deployments.replica.model_replica import ModelReplica
 
 MODEL = "toy-model"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -128,7 +128,7 @@ def test_prompt_and_max_tokens_must_fit_the_context_before_any_model_work() -> N
 
 
 def test_fit_to_context_keeps_an_explicit_max_tokens_that_fits() -> None:
-    from deployments.schemas import ChatCompletionRequest
+    from deployments.http.schemas import ChatCompletionRequest
     request = ChatRequest("r", MODEL, ({"role": "user", "content": "x"},), max_tokens=30,
                           prompt_ids=(1, 2, 3))
     parsed = ChatCompletionRequest.model_validate(body(max_tokens=30))

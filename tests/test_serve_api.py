@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_fakes import LocalModelClient, ScriptedChatEngine, fixed
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
 from deployments.messages import ReplicaUnavailableError, StreamStart
-from deployments.replica import ModelReplica
+from deployments.replica.model_replica import ModelReplica
 
 MODEL = "toy-model"
 WEATHER = {"type": "function", "function": {
@@ -372,7 +372,7 @@ class FlakyClient:
 
 def test_a_request_whose_replica_dies_is_retried_once_elsewhere(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deployments.api.RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr("deployments.http.api.RETRY_PAUSE_S", 0.0)
     flaky = FlakyClient(ModelReplica(ScriptedChatEngine(), name="replica-1"), failures=1)
     client = TestClient(create_api(flaky, AdmissionPolicy((MODEL,))))
     response = client.post("/v1/chat/completions", json=body(),

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_fakes import LocalModelClient, ScriptedChatEngine
 
-from deployments.admission import AdmissionError, AdmissionPolicy
-from deployments.api import create_api
-from deployments.auth import ApiKeyConfigError, ApiKeys, ApiKeySource, digest, main, parse_keys
-from deployments.builder import AppConfig
-from deployments.replica import ModelReplica
+from deployments.app.builder import AppConfig
+from deployments.http.admission import AdmissionError, AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.http.auth import ApiKeyConfigError, ApiKeys, ApiKeySource, digest, main, parse_keys
+from deployments.replica.model_replica import ModelReplica
 
 ALICE_KEY = "tsk-alice-0123456789abcdef"
 BOB_KEY = "tsk-bob-0123456789abcdefgh"

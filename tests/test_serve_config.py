@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from deployments import AppConfig, app_builder
-from deployments.prefix_router import PREFIX_ROUTER
+from deployments.routing.prefix_router import PREFIX_ROUTER
 
 CONFIG = Path(__file__).parent.parent / "serve_config.yaml"
 

@@ -22,7 +22,7 @@ from ray import serve
 from serve_fakes import by_message, failing_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.builder import LimitsConfig, ResponsesConfig
+from deployments.app.builder import LimitsConfig, ResponsesConfig
 
 MODEL = "qwen2.5-coder-0.5b"
 WEATHER = {"type": "function", "function": {

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from serve_fakes import ProbingChatEngine
 
-from deployments.library_cache import LibraryCache
-from deployments.library_service import LibraryService
+from deployments.library.cache import LibraryCache
+from deployments.library.service import LibraryService
 from deployments.messages import ChatRequest, StreamEnd, StreamStart, TextStep
-from deployments.replica import ModelReplica
+from deployments.replica.model_replica import ModelReplica
 from toolspec.calls.formats import ToolCall
 from toolspec.calls.tools import ToolSet
 from toolspec.library import CallRecord

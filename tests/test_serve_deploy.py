@@ -1,6 +1,6 @@
 """The deployment as users run it: ``ray start --head`` and ``serve deploy serve_config.yaml``
 (the real root config, its shipped engine included; only its HTTP port and library directory
-are moved into the test's own space), ready per ``deployments.ready``, a tool call whole and
+are moved into the test's own space), ready per ``deployments.ops.ready``, a tool call whole and
 streamed and through the Responses API with the ``openai`` client, then ``serve shutdown`` and
 the head stopped.
 
@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from deployments.ready import wait_ready
+from deployments.ops.ready import wait_ready
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "load_tests"))

@@ -16,7 +16,7 @@ from ray import serve
 from serve_fakes import fixed, scripted_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.tool_stream import ToolCallStream
+from deployments.http.tool_stream import ToolCallStream
 from toolspec.calls.output import OutputParse
 from toolspec.library.keys import shard_of
 
@@ -241,7 +241,7 @@ def test_a_two_rank_replica_answers_a_call_and_is_replaced_when_a_rank_dies(
     """tensor_parallel_size 2: the replica and one worker actor share a placement group and
     the default model's layers; the call equals the whole model's. A worker killed with
     SIGKILL fails the replica's health check, Serve starts a new group, and it answers."""
-    from deployments.tensor_parallel_group import WORKER_NAME_PREFIX
+    from deployments.replica.tensor_parallel_group import WORKER_NAME_PREFIX
     from toolspec import Engine, GenerationParams, TargetModel
     from toolspec.calls.prompts import chat_prompt
     from toolspec.model.loading import load_model
@@ -283,7 +283,7 @@ def test_a_two_rank_replica_answers_a_call_and_is_replaced_when_a_rank_dies(
 
 
 def rank_workers() -> list[dict[str, str]]:
-    from deployments.tensor_parallel_group import WORKER_NAME_PREFIX
+    from deployments.replica.tensor_parallel_group import WORKER_NAME_PREFIX
 
     return [actor for actor in ray.util.list_named_actors(all_namespaces=True)
             if actor["name"].startswith(WORKER_NAME_PREFIX)]

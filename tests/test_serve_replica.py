@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from serve_fakes import ScriptedChatEngine, fixed
 
-from deployments.library_cache import LibraryCache
+from deployments.library.cache import LibraryCache
 from deployments.messages import ChatRequest, StreamEnd, StreamStart, TextStep
-from deployments.replica import ModelReplica
-from deployments.scheduler import BatchScheduler
+from deployments.replica.model_replica import ModelReplica
+from deployments.replica.scheduler import BatchScheduler
 from toolspec.calls.formats import ToolCall
 from toolspec.calls.tools import ToolSet
 from toolspec.core.engine import Generation, StepEvent, StepOutcome, StepResult
@@ -215,7 +215,8 @@ def test_retrieval_actor_down_requests_still_succeed_and_backoff_applies(stored)
 
 @pytest.mark.real_model
 def test_the_next_turn_takes_its_prompt_from_the_prefix_cache_with_the_same_output() -> None:
-    from deployments.chat_engine import EngineSettings, ToolSpecChatEngine
+    from deployments.replica.engine import EngineSettings
+    from deployments.replica.toolspec_engine import ToolSpecChatEngine
 
     engine = ToolSpecChatEngine(EngineSettings("smollm2-135m", "float32", draft_budget=4,
                                                step_rows=0))

@@ -14,8 +14,8 @@ from ray import serve
 from serve_fakes import fixed, scripted_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.builder import ResponsesConfig
-from deployments.names import RESPONSES_DEPLOYMENT
+from deployments.app.builder import ResponsesConfig
+from deployments.ops.names import RESPONSES_DEPLOYMENT
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 WEATHER = {"type": "function", "name": "get_weather",

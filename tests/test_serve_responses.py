@@ -16,12 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 from serve_fakes import LocalModelClient, ScriptedChatEngine, by_message, fixed
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.replica import ModelReplica
-from deployments.response_service import LocalResponses
-from deployments.response_store import ResponseStore, StoredResponse
-from deployments.tenants import TenantPolicy
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.http.tenants import TenantPolicy
+from deployments.replica.model_replica import ModelReplica
+from deployments.stored_responses.service import LocalResponses
+from deployments.stored_responses.store import ResponseStore, StoredResponse
 
 MODEL = "toy-model"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
@@ -308,7 +308,7 @@ def test_a_full_store_drops_the_oldest_until_each_write_fits(tmp_path: Path) -> 
 
 
 def store_bytes(stored: StoredResponse) -> bytes:
-    from deployments.response_store import encoded
+    from deployments.stored_responses.store import encoded
 
     return encoded(stored)
 

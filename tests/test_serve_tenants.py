@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from serve_fakes import LocalModelClient, ProbingChatEngine, ScriptedChatEngine
 
 from deployments import AppConfig
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.library_cache import LibraryCache
-from deployments.library_service import LibraryService
-from deployments.replica import ModelReplica
-from deployments.tenants import TenantPolicy
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.http.tenants import TenantPolicy
+from deployments.library.cache import LibraryCache
+from deployments.library.service import LibraryService
+from deployments.replica.model_replica import ModelReplica
 from toolspec.library import CallRecord
 
 MODEL = "toy-model"

@@ -10,10 +10,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from serve_fakes import LocalModelClient, ScriptedChatEngine, fixed
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.library_cache import LibraryCache
-from deployments.replica import ModelReplica
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.library.cache import LibraryCache
+from deployments.replica.model_replica import ModelReplica
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

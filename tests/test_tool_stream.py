@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from deployments.tool_stream import OutputDelta, ToolCallStream
+from deployments.http.tool_stream import OutputDelta, ToolCallStream
 from toolspec.calls.formats import get_format
 from toolspec.calls.output import OutputParse
 

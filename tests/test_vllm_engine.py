@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from deployments.chat_engine import EngineSettings
 from deployments.messages import ChatRequest
+from deployments.replica.engine import EngineSettings
 from toolspec.bench.datasets import load_dataset
 from toolspec.calls.formats import ToolCall
 from toolspec.calls.tools import ToolSet
@@ -62,7 +62,7 @@ def loop() -> Iterator[_Loop]:
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[dict[str, object]]:
-    from deployments.vllm_engine import VLLMChatEngine
+    from deployments.replica.vllm_engine import VLLMChatEngine
 
     started = {method: VLLMChatEngine(_settings(method)) for method in ("toolspec", "none")}
     try:
@@ -198,7 +198,7 @@ async def _collect(steps):
 def test_a_dead_engine_process_makes_the_engine_unhealthy(loop) -> None:
     """vLLM's engine process killed: ``check_health`` raises (Serve then replaces the
     replica) and a request in flight ends with an error instead of hanging."""
-    from deployments.vllm_engine import VLLMChatEngine
+    from deployments.replica.vllm_engine import VLLMChatEngine
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     engine = VLLMChatEngine(EngineSettings("smollm2-135m", "fp32", engine="vllm",

@@ -11,7 +11,7 @@ Serve with::
     await engine.collective_rpc("attach_toolspec_proposer")  # once, before requests
 
 and give each request ``SamplingParams(extra_args=DraftingRequest(...).to_extra_args())``
-(``deployments.vllm_engine`` does all of this).
+(``deployments.replica.vllm_engine`` does all of this).
 
 vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` once per step with
 the rows of its persistent batch and no request ids. The worker extension's

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from deployments import metrics
+from deployments.ops import metrics
 from toolspec.core.batch import BatchDriver, StepFunction
 from toolspec.core.generation import StepEvent, StepOutcome
 

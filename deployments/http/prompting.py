@@ -11,9 +11,9 @@ from dataclasses import replace
 
 from jinja2 import TemplateError
 
-from deployments.admission import AdmissionError, explicit_max_tokens
+from deployments.http.admission import AdmissionError, explicit_max_tokens
+from deployments.http.schemas import ChatCompletionRequest
 from deployments.messages import ChatRequest, context_message
-from deployments.schemas import ChatCompletionRequest
 from toolspec.calls.prompts import chat_prompt
 from toolspec.model.packages import context_tokens, load_tokenizer
 

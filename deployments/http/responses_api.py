@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.admission import AdmissionError, load_document, validation_error
-from deployments.response_store import StoredResponse, encoded
-from deployments.schemas import ResponsesRequest
-from deployments.tool_stream import FinishedCall, OutputDelta
+from deployments.http.admission import AdmissionError, load_document, validation_error
+from deployments.http.schemas import ResponsesRequest
+from deployments.http.tool_stream import FinishedCall, OutputDelta
+from deployments.stored_responses.store import StoredResponse, encoded
 
 RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{8,64}")
 # What a stored response's answer adds, expected at most, per output token: its text is kept

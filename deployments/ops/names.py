@@ -2,7 +2,7 @@
 Serve's status by.
 
 Constants only, importing nothing: the builder (which imports the ingress, and through it the
-HTTP app) and ``deployments.health`` both import them here, without a cycle. Nothing mutates.
+HTTP app) and ``deployments.http.health`` both import them here, without a cycle. Nothing mutates.
 """
 
 from __future__ import annotations

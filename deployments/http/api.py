@@ -6,7 +6,7 @@ names the field), 404 for an unknown model, 429 with ``Retry-After`` when the re
 is full, 504 past the request's deadline, 503 when no replica (or the response store) can
 serve — never a bare 500, a hang, or a stalled replica. A 5xx names the request id (the logs
 hold the details under it), never an exception's text. ``/health`` answers with
-``deployments.health``'s report, which also keeps the model description ``/v1/models``
+``deployments.http.health``'s report, which also keeps the model description ``/v1/models``
 shows. Mutates: per request, ``http.state`` (its id) and the metrics.
 """
 
@@ -26,8 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments import metrics, responses
-from deployments.admission import (
+from deployments.http import chat_bodies
+from deployments.http.admission import (
     AdmissionError,
     AdmissionPolicy,
     admit,
@@ -36,22 +36,11 @@ from deployments.admission import (
     resolve_tenant,
     validate_chat,
 )
-from deployments.auth import ApiKeys
-from deployments.health import LoadedModel, health_report
-from deployments.messages import (
-    ChatRequest,
-    ReplicaBusyError,
-    ReplicaEvent,
-    ReplicaUnavailableError,
-    StreamEnd,
-    StreamError,
-    StreamStart,
-    TextStep,
-)
-from deployments.prompting import PromptRenderer, fit_to_context
-from deployments.response_service import Responses, ResponseStoreUnavailableError
-from deployments.response_store import ResponseTooLargeError, StoredResponse
-from deployments.responses_api import (
+from deployments.http.auth import ApiKeys
+from deployments.http.health import LoadedModel, health_report
+from deployments.http.model_client import ModelClient
+from deployments.http.prompting import PromptRenderer, fit_to_context
+from deployments.http.responses_api import (
     RESPONSE_ID,
     ChatTurn,
     ResponseEvents,
@@ -63,30 +52,27 @@ from deployments.responses_api import (
     stored_bytes_expected,
     to_chat,
 )
-from deployments.schemas import ChatCompletionRequest, ResponsesRequest
-from deployments.tool_stream import FinishedCall, OutputDelta, ToolCallStream
-from deployments.tracing import tracer
+from deployments.http.schemas import ChatCompletionRequest, ResponsesRequest
+from deployments.http.tool_stream import FinishedCall, OutputDelta, ToolCallStream
+from deployments.messages import (
+    ChatRequest,
+    ReplicaBusyError,
+    ReplicaEvent,
+    ReplicaUnavailableError,
+    StreamEnd,
+    StreamError,
+    StreamStart,
+    TextStep,
+)
+from deployments.ops import metrics
+from deployments.ops.tracing import tracer
+from deployments.stored_responses.service import Responses, ResponseStoreUnavailableError
+from deployments.stored_responses.store import ResponseTooLargeError, StoredResponse
 from toolspec.calls.formats import get_format
 
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
-
-
-class ModelClient(Protocol):
-    """Reaches a model replica; the session id (if any) picks which one."""
-
-    def stream(self, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
-        """The replica's events for ``request``; raises ReplicaUnavailableError (or its
-        subclass ReplicaBusyError when every replica's queue is full). Leaving the iterator
-        early cancels the request on the replica."""
-
-    async def describe(self) -> dict[str, Any]:
-        """One replica's ``ModelReplica.describe``; raises as ``stream``."""
-
-    async def deployments(self) -> dict[str, Any] | None:
-        """Each deployment's status and replicas by state, as Serve sees them (None where
-        the client does not run under Serve)."""
 
 
 class RequestFailed(Exception):
@@ -119,7 +105,7 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
     ``keys``: the API keys ``/v1/*`` requires, each naming its tenant (None: open, the tenant
     header trusted). ``store``: where ``store: true`` responses are kept for
     ``previous_response_id`` (None: none are kept): one store every ingress replica reaches
-    (``deployments.response_service``)."""
+    (``deployments.stored_responses.service``)."""
     api = FastAPI(title="ToolSpec serving", docs_url=None, redoc_url=None)
 
     @api.exception_handler(AdmissionError)
@@ -432,7 +418,7 @@ class _Answer:
             metrics.record_refusal("queue_full")
 
     def extension(self, end: StreamEnd) -> dict[str, Any]:
-        return responses.extension(self.start, end, self.expose_replica)
+        return chat_bodies.extension(self.start, end, self.expose_replica)
 
 
 async def _events(client: ModelClient, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
@@ -520,7 +506,7 @@ async def _complete_once(client: ModelClient, answer: _Answer) -> dict[str, Any]
             f"the model replica's answer ended early (request id {answer.request.request_id})",
             "service_unavailable", code="replica_unavailable"))
     answer.output.finish()
-    return responses.completion(answer.request, int(time.time()), answer.start, end,
+    return chat_bodies.completion(answer.request, int(time.time()), answer.start, end,
                                 answer.output, answer.extension(end))
 
 
@@ -532,13 +518,13 @@ async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
         async for event in _events(client, request):
             if isinstance(event, StreamStart):
                 answer.started(event)
-                yield responses.chunk(request, created, {"role": "assistant", "content": ""})
+                yield chat_bodies.chunk(request, created, {"role": "assistant", "content": ""})
             elif isinstance(event, TextStep):
-                for delta in responses.delta_bodies(answer.feed(event)):
-                    yield responses.chunk(request, created, delta)
+                for delta in chat_bodies.delta_bodies(answer.feed(event)):
+                    yield chat_bodies.chunk(request, created, delta)
             elif isinstance(event, StreamEnd):
                 yield _final_chunks(answer, created, event, include_usage)
-                yield responses.DONE
+                yield chat_bodies.DONE
                 answer.ended(200, stream=True)
                 return
         raise RequestFailed(503, error_body(
@@ -547,27 +533,27 @@ async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
     except RequestFailed as failure:
         # Headers are sent already: the error goes in the stream, then the stream ends.
         answer.ended(failure.status, stream=True)
-        yield responses.sse(failure.body)
-        yield responses.DONE
+        yield chat_bodies.sse(failure.body)
+        yield chat_bodies.DONE
     except Exception:  # a fault must not cut the stream without an error event
         logger.exception("request %s failed mid-stream", request.request_id)
         answer.ended(500, stream=True)
-        yield responses.sse(internal_error_body(request.request_id))
-        yield responses.DONE
+        yield chat_bodies.sse(internal_error_body(request.request_id))
+        yield chat_bodies.DONE
 
 
 def _final_chunks(answer: _Answer, created: int, end: StreamEnd, include_usage: bool) -> str:
     """The last chunks: held-back text, the finish reason, and usage if asked."""
     request, output = answer.request, answer.output
-    events = "".join(responses.chunk(request, created, delta)
-                     for delta in responses.delta_bodies(output.finish()))
-    events += responses.chunk(request, created, {}, responses.finish_reason(end, output),
+    events = "".join(chat_bodies.chunk(request, created, delta)
+                     for delta in chat_bodies.delta_bodies(output.finish()))
+    events += chat_bodies.chunk(request, created, {}, chat_bodies.finish_reason(end, output),
                               toolspec=answer.extension(end))
     if include_usage:
-        events += responses.sse({"id": f"chatcmpl-{request.request_id}",
+        events += chat_bodies.sse({"id": f"chatcmpl-{request.request_id}",
                                  "object": "chat.completion.chunk", "created": created,
                                  "model": request.model, "choices": [],
-                                 "usage": responses.usage(answer.start, end)})
+                                 "usage": chat_bodies.usage(answer.start, end)})
     return events
 
 
@@ -664,7 +650,7 @@ async def _stream_response(client: ModelClient, answer: _Answer, reply: _Respons
             elif isinstance(event, StreamEnd):
                 tail = events.feed(answer.output.finish())
                 incomplete = "max_output_tokens" if event.finish_reason == "length" else None
-                closing, response = events.finish(responses.usage(answer.start, event),
+                closing, response = events.finish(chat_bodies.usage(answer.start, event),
                                                   incomplete, answer.extension(event))
                 await reply.keep(response)
                 yield tail + closing

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deployments.http.tool_stream import OutputDelta, ToolCallStream
 from deployments.messages import ChatRequest, StreamEnd, StreamStart
-from deployments.tool_stream import OutputDelta, ToolCallStream
 
 DONE = "data: [DONE]\n\n"
 

@@ -5,7 +5,7 @@ A store on each ingress's node is a store per node: with two ingress replicas on
 and LMDB's own documentation advises against putting its file on a network filesystem. So one
 actor (``ResponseService``, one replica: one writer) opens the store (``ResponseStore``) where
 its files are, and every ingress replica calls it (``RemoteResponses``) — as the model
-replicas call the call library's actors (``deployments.library_service``). ``LocalResponses``
+replicas call the call library's actors (``deployments.library.service``). ``LocalResponses``
 is the same interface over a store in this process (tests, a single process).
 
 Mutates: the store, through its methods.
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
-from deployments.response_store import ResponseStore, StoredResponse
+from deployments.stored_responses.store import ResponseStore, StoredResponse
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the actor's Serve log
 

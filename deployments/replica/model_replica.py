@@ -17,10 +17,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
-from deployments import metrics
-from deployments.chat_engine import ChatEngine, EngineSettings, build_chat_engine
-from deployments.decode_lookups import DecodeLookups
-from deployments.library_cache import LibraryCache, ShardedLibraryRemote
+from deployments.library.cache import LibraryCache, ShardedLibraryRemote
+from deployments.library.decode_lookups import DecodeLookups
 from deployments.messages import (
     ChatRequest,
     ContextLengthError,
@@ -30,13 +28,25 @@ from deployments.messages import (
     StreamStart,
     TextStep,
 )
-from deployments.tracing import record_span, record_step, tracer
+from deployments.ops import metrics
+from deployments.ops.tracing import record_span, record_step, tracer
+from deployments.replica.engine import ChatEngine, EngineSettings
+from deployments.replica.toolspec_engine import ToolSpecChatEngine
 from toolspec.core.engine import Generation
 from toolspec.core.generation import StepStats
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 EngineFactory = Callable[[EngineSettings], ChatEngine]
 
+
+
+def build_chat_engine(settings: EngineSettings) -> ChatEngine:
+    """The engine ``settings.engine`` names (vLLM is imported only when it is the one)."""
+    if settings.engine == "vllm":
+        from deployments.replica.vllm_engine import VLLMChatEngine
+
+        return VLLMChatEngine(settings)
+    return ToolSpecChatEngine(settings)
 
 class ModelReplica:
     """Runs requests on ``engine`` (which batches them); fills ``library`` (if any) ahead of

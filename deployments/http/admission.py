@@ -3,7 +3,7 @@
 Everything that can be wrong with a request is found here, before it reaches a replica: the
 decode loop never sees a malformed request. Every refusal is a 400-class answer whose ``param``
 names the field to blame (``messages[2].tool_call_id``), as OpenAI's clients expect
-(``BadRequestError``); limits are in ``deployments.limits``.
+(``BadRequestError``); limits are in ``deployments.http.limits``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.limits import (
+from deployments.http.limits import (
     AdmissionLimits,
     BodyLimitError,
     check_document,
@@ -24,15 +24,15 @@ from deployments.limits import (
     json_path,
     load_json_body,
 )
-from deployments.messages import ChatRequest
-from deployments.schemas import (
+from deployments.http.schemas import (
     TOOL_NAME_PATTERN,
     ChatCompletionRequest,
     ChatMessage,
     NamedToolChoice,
     ResponseFormat,
 )
-from deployments.tenants import TenantError, TenantPolicy
+from deployments.http.tenants import TenantError, TenantPolicy
+from deployments.messages import ChatRequest
 from toolspec.calls.formats import parse_arguments_json
 from toolspec.calls.tool_grammar import (
     UnconstrainableToolError,

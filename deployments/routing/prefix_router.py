@@ -45,12 +45,12 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from deployments import metrics
+from deployments.ops import metrics
 from toolspec.core.prefix_cache import DEFAULT_BLOCK_TOKENS, block_keys
 
 logger = logging.getLogger(f"ray.serve.{__name__}")
 
-PREFIX_ROUTER = "deployments.prefix_router:PrefixAwareRouter"
+PREFIX_ROUTER = "deployments.routing.prefix_router:PrefixAwareRouter"
 
 
 class PrefixAwareRouter(RequestRouter):

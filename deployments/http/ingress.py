@@ -17,17 +17,17 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.exceptions import BackPressureError, RayServeException
 
-from deployments.admission import AdmissionPolicy
-from deployments.api import create_api
-from deployments.auth import ApiKeySource
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.api import create_api
+from deployments.http.auth import ApiKeySource
+from deployments.http.prompting import PromptRenderer
 from deployments.messages import (
     ChatRequest,
     ReplicaBusyError,
     ReplicaEvent,
     ReplicaUnavailableError,
 )
-from deployments.prompting import PromptRenderer
-from deployments.response_service import RemoteResponses
+from deployments.stored_responses.service import RemoteResponses
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 

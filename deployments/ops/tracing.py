@@ -4,8 +4,8 @@ library add.
 Spans go to whatever tracer provider the process has. Under Ray Serve that is the one Serve
 sets up from ``tracing_config`` in ``serve_config.yaml`` (file exporter by default, under
 ``/tmp/ray/session_latest/logs/serve/``; ``exporter_import_path`` may name
-``deployments.tracing:console_exporter`` or ``deployments.tracing:otlp_exporter``), and Serve
-carries the trace context from the proxy through the ingress to the replica, so one request is
+``deployments.ops.tracing:console_exporter`` or ``deployments.ops.tracing:otlp_exporter``), and
+Serve carries the trace context from the proxy through the ingress to the replica, so one request is
 one trace. Without a provider the spans cost next to nothing (the API's no-op tracer).
 
 Prefill and verify steps run on the scheduler's worker thread and are timed by the engine;
@@ -62,5 +62,5 @@ def otlp_exporter() -> list[SpanProcessor]:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as error:
         raise ImportError("the OTLP exporter needs `pip install opentelemetry-exporter-otlp`; "
-                          "or use deployments.tracing:console_exporter") from error
+                          "or use deployments.ops.tracing:console_exporter") from error
     return [BatchSpanProcessor(OTLPSpanExporter())]

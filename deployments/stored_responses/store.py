@@ -1,6 +1,6 @@
 """Stored responses of the Responses API (``store: true``), for ``previous_response_id`` and
 ``GET /v1/responses/{id}``: one LMDB environment on disk, opened by one process — the
-``ResponseService`` actor every ingress replica calls (``deployments.response_service``).
+``ResponseService`` actor every ingress replica calls (``deployments.stored_responses.service``).
 
 A response is kept under its tenant: another tenant asking for its id is told it does not
 exist. It remembers the ``user`` that asked for it. Retention: a response older than

@@ -25,9 +25,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from deployments import metrics
 from deployments.messages import ChatRequest
-from deployments.tracing import tracer
+from deployments.ops import metrics
+from deployments.ops.tracing import tracer
 from toolspec.calls.formats import ToolCall
 from toolspec.library import CallRecord, LibraryError
 from toolspec.library.keys import shard_of

@@ -5,7 +5,7 @@ caching, chunked prefill, its CPU or GPU kernels, tensor parallelism through its
 whose speculative method is ``toolspec.vllm.proposer.ToolSpecProposer`` — or, to compare
 engines on one deployment, vLLM's own SuffixDecoding or n-gram proposer, or none. The replica's
 side is unchanged: a request is planned as the project's engine plans it
-(``deployments.request_plan``), and its output is read through the request's one parse
+(``deployments.replica.request_plan``), and its output is read through the request's one parse
 (``RequestOutput``: text, calls, visible text held back before a stop string), so tool-call
 parsing, streaming, the Responses API and the library all work as on the project's engine.
 
@@ -42,10 +42,10 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from deployments import metrics
-from deployments.chat_engine import EngineSettings, OpenedRequest
 from deployments.messages import ChatRequest
-from deployments.request_plan import RequestPlan, plan_request
+from deployments.ops import metrics
+from deployments.replica.engine import EngineSettings, OpenedRequest
+from deployments.replica.request_plan import RequestPlan, plan_request
 from toolspec.calls.output import RequestOutput
 from toolspec.calls.tool_grammar import added_token_ids
 from toolspec.core.generation import Generation, StepEvent, StepStats

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from deployments.library_cache import LibraryCache
+from deployments.library.cache import LibraryCache
 from deployments.messages import ChatRequest
 from toolspec.calls.output import CallSpan
 

@@ -1,7 +1,7 @@
 """``GET /health``: whether the app can serve, and what the model replicas have loaded.
 
 Reads Serve's controller status of each deployment (``ModelClient.deployments``), by the names
-the builder deploys them under (``deployments.names``), so a health check never waits in a
+the builder deploys them under (``deployments.ops.names``), so a health check never waits in a
 busy replica's queue; where there is no controller (a client outside Serve), it asks one model
 replica (``ModelClient.describe``). Caches: the replicas' description (``LoadedModel``, kept
 for ``ttl_s``; ``/v1/models`` reads the same copy). Mutates nothing else.
@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from deployments.http.model_client import ModelClient
 from deployments.messages import ReplicaUnavailableError
-from deployments.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT
-
-if TYPE_CHECKING:
-    from deployments.api import ModelClient
+from deployments.ops.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 

@@ -8,7 +8,7 @@
 
 ``serve_config.yaml`` points at ``deployments:app_builder`` with ``args`` (this config); its
 per-deployment entries (replicas, actor options, ``user_config``...) override the defaults set
-here. The deployments' names are ``deployments.names``'s (``/health`` reads Serve's status by
+here. The deployments' names are ``deployments.ops.names``'s (``/health`` reads Serve's status by
 them).
 """
 
@@ -23,23 +23,24 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, BackpressureConfig, RequestRouterConfig
 
-from deployments.admission import AdmissionPolicy
-from deployments.auth import ApiKeySource
-from deployments.chat_engine import EngineKind, EngineSettings, SpeculativeMethod
-from deployments.ingress import Ingress
-from deployments.library_service import LibraryService
-from deployments.limits import AdmissionLimits
-from deployments.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT, RESPONSES_DEPLOYMENT
-from deployments.prefix_router import PREFIX_ROUTER
-from deployments.replica import EngineFactory, ModelServer
-from deployments.response_service import ResponseService
-from deployments.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
+from deployments.http.admission import AdmissionPolicy
+from deployments.http.auth import ApiKeySource
+from deployments.http.ingress import Ingress
+from deployments.http.limits import AdmissionLimits
+from deployments.http.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
+from deployments.library.service import LibraryService
+from deployments.ops.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT, RESPONSES_DEPLOYMENT
+from deployments.replica.engine import EngineKind, EngineSettings, SpeculativeMethod
+from deployments.replica.model_replica import EngineFactory, ModelServer
+from deployments.routing.prefix_router import PREFIX_ROUTER
+from deployments.stored_responses.service import ResponseService
 from toolspec.model.packages import DEFAULT_MODEL
 from toolspec.model.tensor_parallel import check_divides
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
-# How requests reach the model replicas: prefix-aware (``deployments.prefix_router``), a hash
-# ring on the session id (Ray's ConsistentHashRouter), or Ray's default (power of two choices).
+# How requests reach the model replicas: prefix-aware (``deployments.routing.prefix_router``),
+# a hash ring on the session id (Ray's ConsistentHashRouter), or Ray's default (power of two
+# choices).
 ROUTERS = {"prefix_aware": PREFIX_ROUTER, "session_hash": SESSION_ROUTER, "power_of_two": None}
 
 

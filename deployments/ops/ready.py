@@ -1,4 +1,4 @@
-"""``python -m deployments.ready``: wait until a deployed app answers, then show how to call it.
+"""``python -m deployments.ops.ready``: wait until a deployed app answers, then show how to call it.
 
 Ready means a one-token chat completion succeeds (the model replica is loaded), not merely
 that the HTTP proxy is up.

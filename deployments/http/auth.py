@@ -8,7 +8,7 @@ it, since anyone can set those. Without keys the deployment trusts the header, a
 Keys come from a file (a mounted secret) or an environment variable of the ingress's
 processes, never from ``serve_config.yaml``: one entry per line, ``<key> <tenant>``, where the
 key may be given as ``sha256:<hex digest>`` so that the file itself holds no usable key
-(``python -m deployments.auth new TENANT`` makes a key and its line). Blank lines and ``#``
+(``python -m deployments.http.auth new TENANT`` makes a key and its line). Blank lines and ``#``
 comments are skipped. A key file is read again when it changes (checked every few seconds),
 so keys are added and revoked without a redeploy.
 """
@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployments.admission import AdmissionError
-from deployments.tenants import TENANT_PATTERN, valid_tenant
+from deployments.http.admission import AdmissionError
+from deployments.http.tenants import TENANT_PATTERN, valid_tenant
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the ingress's Serve log
 _DIGEST_PREFIX = "sha256:"
@@ -157,10 +157,10 @@ def _unauthorized(message: str) -> AdmissionError:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m deployments.auth new TENANT``: a fresh key, and the key-file line that
+    """``python -m deployments.http.auth new TENANT``: a fresh key, and the key-file line that
     accepts it without holding it (its SHA-256)."""
     if len(argv) != 2 or argv[0] != "new" or not valid_tenant(argv[1]):
-        print("usage: python -m deployments.auth new TENANT", file=sys.stderr)
+        print("usage: python -m deployments.http.auth new TENANT", file=sys.stderr)
         return 2
     key = "tsk-" + secrets.token_urlsafe(32)
     print(f"key (give it to the client): {key}")
