@@ -372,7 +372,7 @@ class FlakyClient:
 
 def test_a_request_whose_replica_dies_is_retried_once_elsewhere(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deployments.http.api.RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr("deployments.http.answer.RETRY_PAUSE_S", 0.0)
     flaky = FlakyClient(ModelReplica(ScriptedChatEngine(), name="replica-1"), failures=1)
     client = TestClient(create_api(flaky, AdmissionPolicy((MODEL,))))
     response = client.post("/v1/chat/completions", json=body(),

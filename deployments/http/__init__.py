@@ -2,9 +2,11 @@
 
 ``ingress`` is the Serve deployment (the FastAPI app of ``api`` over a handle to the replicas);
 a request is read and checked (``limits``, ``schemas``, ``admission``, ``auth``, ``tenants``,
-``prompting``), sent to a replica as a ``deployments.messages.ChatRequest`` through a
-``model_client.ModelClient``, and its events written back as chat completions
-(``chat_bodies``, ``tool_stream``) or as the Responses API (``responses_api``, its stored
-responses in ``deployments.stored_responses``); ``health`` answers ``GET /health``.
-Never imports the replica side: the two meet only in ``deployments.messages``.
+``prompting``) and served by its endpoint's part — ``chat`` (chat completions) or
+``responses`` (the Responses API: protocol, events, serving; its stored responses in
+``deployments.stored_responses``): admitted into a ``deployments.messages.ChatRequest``, sent
+to a replica through a ``model_client.ModelClient``, its events read once (``answer``) and
+written by the endpoint's reply (``tool_stream`` splits the output into content and calls).
+``health`` answers ``GET /health``. Never imports the replica side: the two meet only in
+``deployments.messages``.
 """

@@ -14,84 +14,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.http import chat_bodies
-from deployments.http.admission import (
-    AdmissionError,
-    AdmissionPolicy,
-    admit,
-    error_body,
-    parse_body,
-    resolve_tenant,
-    validate_chat,
+from deployments.http.admission import AdmissionError, AdmissionPolicy, error_body, resolve_tenant
+from deployments.http.answer import (
+    Answer,
+    Reply,
+    RequestFailed,
+    complete,
+    internal_error_body,
+    stream_answer,
 )
 from deployments.http.auth import ApiKeys
+from deployments.http.chat.serving import ChatReply, admit_raw_chat
 from deployments.http.health import LoadedModel, health_report
 from deployments.http.model_client import ModelClient
-from deployments.http.prompting import PromptRenderer, fit_to_context
-from deployments.http.responses_api import (
-    RESPONSE_ID,
-    ChatTurn,
-    ResponseEvents,
-    new_response_id,
-    output_items,
-    parse_request,
-    response_object,
-    responses_param,
-    stored_bytes_expected,
-    to_chat,
+from deployments.http.prompting import PromptRenderer
+from deployments.http.responses.protocol import RESPONSE_ID, parse_request
+from deployments.http.responses.serving import (
+    AdmittedResponse,
+    ResponseReply,
+    admit_response,
+    earlier_response,
 )
-from deployments.http.schemas import ChatCompletionRequest, ResponsesRequest
-from deployments.http.tool_stream import FinishedCall, OutputDelta, ToolCallStream
-from deployments.messages import (
-    ChatRequest,
-    ReplicaBusyError,
-    ReplicaEvent,
-    ReplicaUnavailableError,
-    StreamEnd,
-    StreamError,
-    StreamStart,
-    TextStep,
-)
+from deployments.http.schemas import ChatCompletionRequest
+from deployments.messages import ChatRequest
 from deployments.ops import metrics
 from deployments.ops.tracing import tracer
 from deployments.stored_responses.service import Responses, ResponseStoreUnavailableError
-from deployments.stored_responses.store import ResponseTooLargeError, StoredResponse
-from toolspec.calls.formats import get_format
+from deployments.stored_responses.store import StoredResponse
 
-SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
-
-
-class RequestFailed(Exception):
-    """A request that ended with an error after admission: ``status`` and the error object."""
-
-    def __init__(self, status: int, body: dict[str, Any],
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(body["error"]["message"])
-        self.status = status
-        self.body = body
-        self.headers = headers or {}
-
-    @property
-    def code(self) -> str | None:
-        return self.body["error"].get("code")
-
-    def response(self, headers: dict[str, str]) -> JSONResponse:
-        return JSONResponse(self.body, status_code=self.status,
-                            headers={**headers, **self.headers})
 
 
 def create_api(client: ModelClient, policy: AdmissionPolicy,
@@ -174,7 +136,7 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
 
     async def serve_request(http: Request,
                             admit: Callable[..., Awaitable[tuple[Any, ChatRequest]]],
-                            reply: Callable[[Any, _Answer], _Reply]) -> Any:
+                            reply: Callable[[Any, Answer], Reply]) -> Any:
         """One request on the one engine path, whatever its wire shape: ``admit`` reads the
         body (its CPU work off the event loop: parsing and rendering), ``reply`` writes the
         answer in the API's shape."""
@@ -188,15 +150,15 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
             span.set_attributes({"toolspec.request_id": request_id,
                                  "toolspec.stream": body.stream,
                                  "toolspec.tools": len(request.tools or ())})
-            answer = _Answer(request, policy.expose_replica, arrived)
+            answer = Answer(request, policy.expose_replica, arrived)
             shape = reply(body, answer)
             if body.stream:
                 # The stream outlives this span; its replica call is traced on its own.
-                return StreamingResponse(shape.stream(client, answer),
+                return StreamingResponse(stream_answer(client, answer, shape),
                                          media_type="text/event-stream",
                                          headers=_id_header(http))
             try:
-                result = await _complete(client, answer)
+                result = await complete(client, answer)
             except RequestFailed as failure:
                 answer.ended(failure.status, stream=False)
                 return failure.response(_id_header(http))
@@ -207,30 +169,28 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
     async def chat_completions(http: Request) -> Any:
         async def admit(raw: bytes, request_id: str, http: Request, tenant: str | None
                         ) -> tuple[ChatCompletionRequest, ChatRequest]:
-            return await asyncio.to_thread(_admitted, raw, policy, renderer, request_id, http,
-                                           tenant)
+            return await asyncio.to_thread(admit_raw_chat, raw, policy, renderer, request_id,
+                                           http.headers, tenant)
 
-        return await serve_request(http, admit, lambda body, answer: _ChatReply(body))
+        return await serve_request(http, admit, lambda body, answer: ChatReply(body))
 
     @api.post("/v1/responses")
     async def create_response(http: Request) -> Any:
         async def admit(raw: bytes, request_id: str, http: Request, key_tenant: str | None
-                        ) -> tuple[_Admitted, ChatRequest]:
+                        ) -> tuple[AdmittedResponse, ChatRequest]:
             body = await asyncio.to_thread(parse_request, raw, policy.limits)
             tenant = resolve_tenant(policy, policy.tenants.header_value(http.headers),
                                     body.user, key_tenant)
-            earlier = await _earlier_response(store, tenant, body)
+            earlier = await earlier_response(store, tenant, body)
             limit = await store.max_response_bytes() \
                 if store is not None and body.store else None
-            turn, request = await asyncio.to_thread(_admitted_response, body, earlier, policy,
-                                                    renderer, request_id, http, key_tenant,
-                                                    limit)
-            return _Admitted(body, turn), request
+            turn, request = await asyncio.to_thread(admit_response, body, earlier, policy,
+                                                    renderer, request_id, http.headers,
+                                                    key_tenant, limit)
+            return AdmittedResponse(body, turn), request
 
-        def reply(admitted: _Admitted, answer: _Answer) -> _ResponseReply:
-            return _ResponseReply(admitted.body, admitted.turn, answer.request.tenant,
-                                  new_response_id(), int(time.time()),
-                                  store if admitted.body.store else None)
+        def reply(admitted: AdmittedResponse, answer: Answer) -> ResponseReply:
+            return ResponseReply(admitted, answer.request.tenant, store)
 
         return await serve_request(http, admit, reply)
 
@@ -289,73 +249,6 @@ def _id_header(http: Request) -> dict[str, str]:
     return {REQUEST_ID_HEADER: request_id} if request_id and ours else {}
 
 
-def _admitted(raw: bytes, policy: AdmissionPolicy, renderer: PromptRenderer | None,
-              request_id: str, http: Request, tenant: str | None
-              ) -> tuple[ChatCompletionRequest, ChatRequest]:
-    return _admitted_chat(parse_body(raw, policy.limits), policy, renderer, request_id, http,
-                          tenant)
-
-
-async def _earlier_response(store: Responses | None, tenant: str, body: ResponsesRequest
-                            ) -> StoredResponse | None:
-    """The stored response ``previous_response_id`` names (None when it names none); a 400
-    without a store, a 404 when it is not the tenant's."""
-    if body.previous_response_id is None:
-        return None
-    if store is None:
-        raise AdmissionError(400, "this server keeps no responses: send the whole "
-                             "conversation as input", param="previous_response_id",
-                             code="unsupported_parameter")
-    earlier = await store.get(tenant, body.previous_response_id)
-    if earlier is None:
-        raise AdmissionError(404, f"previous response {body.previous_response_id!r} not "
-                             "found", param="previous_response_id",
-                             code="previous_response_not_found")
-    return earlier
-
-
-def _admitted_response(body: ResponsesRequest, earlier: StoredResponse | None,
-                       policy: AdmissionPolicy, renderer: PromptRenderer | None,
-                       request_id: str, http: Request, key_tenant: str | None,
-                       store_limit: int | None) -> tuple[ChatTurn, ChatRequest]:
-    """A Responses body admitted as the chat request it means (``earlier``: the turns it
-    continues); a refusal names the Responses field. ``store_limit``: the most the response
-    may take in the store (None: it is not kept) — one that would not fit is refused here,
-    before the model runs."""
-    turn = to_chat(body, earlier)
-    try:
-        _, request = _admitted_chat(validate_chat(turn.document), policy, renderer,
-                                    request_id, http, key_tenant)
-    except AdmissionError as error:
-        param = responses_param(error.param, turn)
-        message = error.message.replace(error.param, param) if error.param and param \
-            else error.message
-        raise AdmissionError(error.status, message, param, error.code, error.kind) from None
-    if store_limit is not None:
-        expected = stored_bytes_expected(body, turn, request.tenant, request.max_tokens)
-        if expected > store_limit:
-            raise AdmissionError(400, f"this response would take about {expected} bytes in "
-                                 f"the response store, which keeps at most {store_limit} per "
-                                 "response: send store: false (with the whole conversation "
-                                 "as input), or a shorter conversation or max_output_tokens",
-                                 param="store", code="response_too_large")
-    return turn, request
-
-
-def _admitted_chat(body: ChatCompletionRequest, policy: AdmissionPolicy,
-                   renderer: PromptRenderer | None, request_id: str, http: Request,
-                   tenant: str | None) -> tuple[ChatCompletionRequest, ChatRequest]:
-    request = admit(body, policy, request_id, http.headers.get(SESSION_HEADER),
-                    policy.tenants.header_value(http.headers), tenant)
-    if renderer is not None:
-        request = fit_to_context(renderer.render(request), body, renderer.context_tokens
-                                 if policy.limits.context_tokens is None
-                                 else policy.limits.context_tokens)
-    if policy.request_timeout_s is not None:
-        request = replace(request, deadline=time.time() + policy.request_timeout_s)
-    return body, request
-
-
 async def _read_body(http: Request, limit: int) -> bytes:
     """The body, refused (400) once it passes ``limit`` bytes: never read whole first."""
     declared = http.headers.get("content-length")
@@ -373,297 +266,3 @@ async def _read_body(http: Request, limit: int) -> bytes:
 def _too_large(size: int, limit: int) -> AdmissionError:
     return AdmissionError(400, f"the request body is {size}+ bytes; this server takes at most "
                           f"{limit}", code="request_too_large")
-
-
-def internal_error_body(request_id: str) -> dict[str, Any]:
-    return error_body(f"internal error; the server's logs hold the details under request id "
-                      f"{request_id}", "internal_error", code="internal_error")
-
-
-class _Answer:
-    """One admitted request's answer as it is put together: its output stream, its start,
-    and the timing of its fragments (for the latency metrics)."""
-
-    def __init__(self, request: ChatRequest, expose_replica: bool, arrived: float) -> None:
-        self.request = request
-        self.expose_replica = expose_replica
-        self.start: StreamStart | None = None
-        self.output: ToolCallStream | None = None
-        self.mode = metrics.tool_choice_mode(len(request.tools or ()), request.tool_choice)
-        self._last_fragment: float | None = None
-        self.arrived = arrived
-        self._tokens_since = 0  # tokens of steps that brought nothing visible yet
-
-    def started(self, start: StreamStart) -> None:
-        self.start = start
-        call_format = get_format(start.call_format) if self.request.parses_calls else None
-        self.output = ToolCallStream(call_format, self.request.request_id[:12])
-
-    def feed(self, step: TextStep) -> OutputDelta:
-        """The step's new content and call fragments; times the first and the gaps."""
-        delta = self.output.feed(step.text, step.calls)
-        self._tokens_since += step.tokens
-        if delta:
-            now = time.perf_counter()
-            if self._last_fragment is None:
-                metrics.record_first_token(now - self.arrived, self.mode)
-            else:
-                metrics.record_inter_token(now - self._last_fragment, self._tokens_since)
-            self._last_fragment, self._tokens_since = now, 0
-        return delta
-
-    def ended(self, status: int, stream: bool) -> None:
-        metrics.record_request(status, self.mode, stream)
-        if status == 429:
-            metrics.record_refusal("queue_full")
-
-    def extension(self, end: StreamEnd) -> dict[str, Any]:
-        return chat_bodies.extension(self.start, end, self.expose_replica)
-
-
-async def _events(client: ModelClient, request: ChatRequest) -> AsyncIterator[ReplicaEvent]:
-    """The replica's events, ended by the request's deadline; errors as ``RequestFailed``."""
-    stream = client.stream(request)
-    try:
-        while True:
-            # Per event, not around the loop: a timeout must never fire while the consumer
-            # holds an event (it would cancel the consumer's own awaits instead).
-            remaining = None if request.deadline is None else request.deadline - time.time()
-            try:
-                event = await asyncio.wait_for(anext(stream), remaining)
-            except StopAsyncIteration:
-                return
-            if isinstance(event, StreamError):
-                raise _failed(request, event)
-            yield event
-    except TimeoutError:
-        raise _failed(request, StreamError("deadline_exceeded", "")) from None
-    except ReplicaBusyError as error:
-        logger.warning("request %s refused: %s", request.request_id, error)
-        retry = str(max(1, math.ceil(error.retry_after_s)))
-        raise RequestFailed(429, error_body(
-            "every model replica is busy and its queue is full; retry after "
-            f"{retry} s", "rate_limit_exceeded", code="queue_full"),
-            {"Retry-After": retry}) from None
-    except ReplicaUnavailableError as error:
-        logger.warning("request %s failed: %s", request.request_id, error)
-        raise RequestFailed(503, error_body(
-            f"no model replica could serve the request (request id {request.request_id})",
-            "service_unavailable", code="replica_unavailable")) from None
-    finally:
-        await stream.aclose()  # cancels the request on the replica if it is still running
-
-
-def _failed(request: ChatRequest, error: StreamError) -> RequestFailed:
-    if error.kind == "context_length_exceeded":
-        return RequestFailed(400, error_body(error.message, param="messages",
-                                             code="context_length_exceeded"))
-    if error.kind == "deadline_exceeded":
-        logger.warning("request %s passed its deadline", request.request_id)
-        return RequestFailed(504, error_body(
-            f"the request ran past this server's time limit (request id {request.request_id})",
-            "timeout", code="deadline_exceeded"))
-    logger.error("request %s failed on the replica: %s", request.request_id, error.message)
-    return RequestFailed(500, internal_error_body(request.request_id))
-
-
-RETRY_PAUSE_S = 1.0  # for Serve to learn that a replica died before the retry is routed
-
-
-async def _complete(client: ModelClient, answer: _Answer) -> dict[str, Any]:
-    """The whole answer. A replica that dies before answering (a crash, kill -9, its node
-    lost) costs the client nothing: the request runs once more, on another replica where
-    there is one — safe, since a greedy answer is deterministic and a sampled one keeps its
-    seed. The session id is dropped for the retry (its KV cache died with the replica, and
-    the session's hash would pick the dead replica again)."""
-    try:
-        return await _complete_once(client, answer)
-    except RequestFailed as failure:
-        request = answer.request
-        if failure.code != "replica_unavailable" or (
-                request.deadline is not None and time.time() + RETRY_PAUSE_S > request.deadline):
-            raise
-        logger.warning("request %s: its replica failed before answering; retrying once",
-                       request.request_id)
-        metrics.record_retry()
-    await asyncio.sleep(RETRY_PAUSE_S)
-    retry = _Answer(replace(answer.request, session_id=None), answer.expose_replica,
-                    answer.arrived)
-    return await _complete_once(client, retry)
-
-
-async def _complete_once(client: ModelClient, answer: _Answer) -> dict[str, Any]:
-    end = None
-    async for event in _events(client, answer.request):
-        if isinstance(event, StreamStart):
-            answer.started(event)
-        elif isinstance(event, TextStep):
-            answer.feed(event)
-        else:
-            end = event
-    if answer.start is None or end is None:
-        raise RequestFailed(503, error_body(
-            f"the model replica's answer ended early (request id {answer.request.request_id})",
-            "service_unavailable", code="replica_unavailable"))
-    answer.output.finish()
-    return chat_bodies.completion(answer.request, int(time.time()), answer.start, end,
-                                answer.output, answer.extension(end))
-
-
-async def _stream(client: ModelClient, answer: _Answer, include_usage: bool
-                  ) -> AsyncIterator[str]:
-    request = answer.request
-    created = int(time.time())
-    try:
-        async for event in _events(client, request):
-            if isinstance(event, StreamStart):
-                answer.started(event)
-                yield chat_bodies.chunk(request, created, {"role": "assistant", "content": ""})
-            elif isinstance(event, TextStep):
-                for delta in chat_bodies.delta_bodies(answer.feed(event)):
-                    yield chat_bodies.chunk(request, created, delta)
-            elif isinstance(event, StreamEnd):
-                yield _final_chunks(answer, created, event, include_usage)
-                yield chat_bodies.DONE
-                answer.ended(200, stream=True)
-                return
-        raise RequestFailed(503, error_body(
-            f"the model replica's answer ended early (request id {request.request_id})",
-            "service_unavailable", code="replica_unavailable"))
-    except RequestFailed as failure:
-        # Headers are sent already: the error goes in the stream, then the stream ends.
-        answer.ended(failure.status, stream=True)
-        yield chat_bodies.sse(failure.body)
-        yield chat_bodies.DONE
-    except Exception:  # a fault must not cut the stream without an error event
-        logger.exception("request %s failed mid-stream", request.request_id)
-        answer.ended(500, stream=True)
-        yield chat_bodies.sse(internal_error_body(request.request_id))
-        yield chat_bodies.DONE
-
-
-def _final_chunks(answer: _Answer, created: int, end: StreamEnd, include_usage: bool) -> str:
-    """The last chunks: held-back text, the finish reason, and usage if asked."""
-    request, output = answer.request, answer.output
-    events = "".join(chat_bodies.chunk(request, created, delta)
-                     for delta in chat_bodies.delta_bodies(output.finish()))
-    events += chat_bodies.chunk(request, created, {}, chat_bodies.finish_reason(end, output),
-                              toolspec=answer.extension(end))
-    if include_usage:
-        events += chat_bodies.sse({"id": f"chatcmpl-{request.request_id}",
-                                 "object": "chat.completion.chunk", "created": created,
-                                 "model": request.model, "choices": [],
-                                 "usage": chat_bodies.usage(answer.start, end)})
-    return events
-
-
-class _Reply(Protocol):
-    """An API's wire shape of one answer: the stream's events, or the whole body."""
-
-    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]: ...
-
-    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]: ...
-
-
-class _ChatReply:
-    """Chat completions: the completion as it is, or ``chat.completion.chunk`` events."""
-
-    def __init__(self, body: ChatCompletionRequest) -> None:
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]:
-        return _stream(client, answer, self.include_usage)
-
-    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]:
-        return completion
-
-
-@dataclass(frozen=True)
-class _Admitted:
-    """A Responses body as admitted: the body, and the chat turn it means."""
-
-    body: ResponsesRequest
-    turn: ChatTurn
-
-    @property
-    def stream(self) -> bool:
-        return self.body.stream
-
-
-class _ResponseReply:
-    """One Responses answer being written: the request read, its id and time, and the store
-    that keeps it (None: ``store: false`` or no store)."""
-
-    def __init__(self, body: ResponsesRequest, turn: ChatTurn, tenant: str, response_id: str,
-                 created_at: int, store: Responses | None) -> None:
-        self.body, self.turn, self.tenant = body, turn, tenant
-        self.response_id, self.created_at, self.store = response_id, created_at, store
-
-    def stream(self, client: ModelClient, answer: _Answer) -> AsyncIterator[str]:
-        return _stream_response(client, answer, self)
-
-    async def finish(self, completion: dict[str, Any]) -> dict[str, Any]:
-        """The ``response`` object for a finished chat completion (kept if asked)."""
-        choice = completion["choices"][0]
-        message = choice["message"]
-        calls = [FinishedCall(call["id"], call["function"]["name"],
-                              call["function"]["arguments"])
-                 for call in message.get("tool_calls") or ()]
-        incomplete = "max_output_tokens" if choice["finish_reason"] == "length" else None
-        status = "incomplete" if incomplete else "completed"
-        response = response_object(
-            self.body, self.response_id, self.created_at,
-            output_items(self.response_id, message.get("content") or "", calls,
-                         cut=incomplete is not None),
-            status, completion["usage"], incomplete, completion.get("toolspec"))
-        await self.keep(response)
-        return response
-
-    async def keep(self, response: dict[str, Any]) -> None:
-        """Keep ``response`` for the next turn, under its tenant, if asked. One larger than
-        admission expected (its output far wordier per token than admission allows for) is
-        not kept, and logged: the answer is the client's all the same."""
-        if self.store is None:
-            return
-        try:
-            await self.store.put(StoredResponse(
-                self.response_id, self.tenant, float(self.created_at), self.turn.items,
-                response["output"], response, self.body.user))
-        except ResponseTooLargeError as error:
-            logger.error("response %s not stored: %s", self.response_id, error)
-
-
-async def _stream_response(client: ModelClient, answer: _Answer, reply: _ResponseReply
-                           ) -> AsyncIterator[str]:
-    """The Responses stream: the same replica events as a chat stream, other event shapes."""
-    request = answer.request
-    events = ResponseEvents(reply.body, reply.response_id, reply.created_at)
-    started = False
-    try:
-        async for event in _events(client, request):
-            if isinstance(event, StreamStart):
-                answer.started(event)
-                started = True
-                yield events.start()
-            elif isinstance(event, TextStep):
-                yield events.feed(answer.feed(event))
-            elif isinstance(event, StreamEnd):
-                tail = events.feed(answer.output.finish())
-                incomplete = "max_output_tokens" if event.finish_reason == "length" else None
-                closing, response = events.finish(chat_bodies.usage(answer.start, event),
-                                                  incomplete, answer.extension(event))
-                await reply.keep(response)
-                yield tail + closing
-                answer.ended(200, stream=True)
-                return
-        raise RequestFailed(503, error_body(
-            f"the model replica's answer ended early (request id {request.request_id})",
-            "service_unavailable", code="replica_unavailable"))
-    except RequestFailed as failure:
-        answer.ended(failure.status, stream=True)
-        yield ("" if started else events.start()) + events.fail(failure.body)
-    except Exception:  # a fault must not cut the stream without an error event
-        logger.exception("request %s failed mid-stream", request.request_id)
-        answer.ended(500, stream=True)
-        yield ("" if started else events.start()) + \
-            events.fail(internal_error_body(request.request_id))

@@ -123,7 +123,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """``POST /v1/responses``. Input items and tools stay plain JSON here: ``responses_api``
+    """``POST /v1/responses``. Input items and tools stay plain JSON here: ``responses.protocol``
     reads them and names the item or tool it cannot use."""
 
     model_config = ConfigDict(extra="forbid")
@@ -153,7 +153,7 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
-    # Known, not implemented: ``responses_api`` refuses any value but the neutral one.
+    # Known, not implemented: ``responses.protocol`` refuses any value but the neutral one.
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     truncation: str | None = None
