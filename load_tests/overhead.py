@@ -65,7 +65,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
     items = load_apibank(sample_path())
-    engine = ToolSpecChatEngine(EngineSettings(args.model, args.dtype, args.draft_budget, 0))
+    engine = ToolSpecChatEngine(EngineSettings(model=args.model, dtype=args.dtype,
+                                               draft_budget=args.draft_budget,
+                                               prefix_cache_bytes=0))
     rows = []
     for item in items:
         messages = [dict(m) for m in item.messages if m["role"] != "system"]

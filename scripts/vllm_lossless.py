@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +87,11 @@ def difference(plain: list[int], tops: list[dict[int, float]], other: list[int]
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from deployments.replica.vllm_engine import VLLMChatEngine
 
-    base = EngineSettings(args.model, args.dtype, engine="vllm", speculative_tokens=args.k,
-                          kv_cache_gib=args.kv_cache_gib, compile=not args.eager,
-                          cpu_threads=args.threads)
-    plain_engine = VLLMChatEngine(replace(base, speculative_method="none"))
-    toolspec_engine = VLLMChatEngine(replace(base, speculative_method="toolspec"))
+    base = EngineSettings(model=args.model, dtype=args.dtype, engine="vllm",
+                          speculative_tokens=args.k, kv_cache_gib=args.kv_cache_gib,
+                          compile=not args.eager, cpu_threads=args.threads)
+    plain_engine = VLLMChatEngine(base.updated({"speculative_method": "none"}))
+    toolspec_engine = VLLMChatEngine(base.updated({"speculative_method": "toolspec"}))
     items = requests(args.data, args.max_tokens)
     try:
         await toolspec_engine.ready()  # the proposer attached: requests below go past open()

@@ -22,7 +22,8 @@ from ray import serve
 from serve_fakes import by_message, failing_factory
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
-from deployments.app.builder import LimitsConfig, ResponsesConfig
+from deployments.app.builder import ResponsesConfig
+from deployments.http.limits import AdmissionLimits
 
 MODEL = "qwen2.5-coder-0.5b"
 WEATHER = {"type": "function", "function": {
@@ -393,4 +394,4 @@ def test_limits_are_settings(tmp_path: Path) -> None:
                                        "request_timeout_s": 30})
     policy = config.policy()
     assert (policy.limits.max_tools, policy.limits.max_body_bytes) == (8, 65536)
-    assert policy.request_timeout_s == 30 and LimitsConfig().max_tools == 128
+    assert policy.request_timeout_s == 30 and AdmissionLimits().max_tools == 128

@@ -218,8 +218,8 @@ def test_the_next_turn_takes_its_prompt_from_the_prefix_cache_with_the_same_outp
     from deployments.replica.engine import EngineSettings
     from deployments.replica.toolspec_engine import ToolSpecChatEngine
 
-    engine = ToolSpecChatEngine(EngineSettings("smollm2-135m", "float32", draft_budget=4,
-                                               step_rows=0))
+    engine = ToolSpecChatEngine(EngineSettings(model="smollm2-135m", dtype="float32",
+                                               draft_budget=4, step_rows=0))
     replica = ModelReplica(engine, name="r0")
 
     def turn(messages: list[dict[str, str]], tenant: str) -> tuple[StreamStart, StreamEnd, str]:
@@ -316,3 +316,26 @@ def test_a_failed_reload_makes_the_replica_unhealthy() -> None:
     with pytest.raises(RuntimeError, match="failed to reload"):
         replica.engine.check_health()
     assert replica.engine.describe()["reloading"] is True
+
+
+def test_a_live_reconfigure_is_checked_as_the_deployments_config_is() -> None:
+    """``user_config`` goes through ``EngineSettings``' own checks: a bad value fails the
+    update naming its field, and the engine serves on with its settings unchanged; a good
+    value that needs no reload applies in place."""
+    from pydantic import ValidationError
+    from serve_fakes import scripted_factory
+
+    from deployments.replica.model_replica import ModelServer
+
+    server = ModelServer({"engine": "toolspec", "draft_budget": 8}, None,
+                         scripted_factory(fixed("Hi.")))
+    engine = server.replica.engine
+    for bad, field in (({"speculative_tokens": 0}, "speculative_tokens"),
+                       ({"min_reach": 2}, "min_reach"), ({"draft_budgets": 4}, "draft_budgets"),
+                       ({"engine": "vllm", "exact_bf16": True}, "exact_bf16")):
+        with pytest.raises(ValidationError, match=field):
+            asyncio.run(server.reconfigure(bad))
+        assert server.settings.draft_budget == 8 and server.replica.engine is engine
+    asyncio.run(server.reconfigure({"draft_budget": 16}))
+    assert engine.settings.draft_budget == 16 and server.replica.engine is engine
+    server.replica.shutdown()

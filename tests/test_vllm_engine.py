@@ -32,7 +32,7 @@ WEATHER = [{"type": "function", "function": {
 
 def _settings(method: str) -> EngineSettings:
     # fp32: outputs compared with vLLM plain are exact, not near-tie flips of bf16 rounding.
-    return EngineSettings(MODEL, "fp32", engine="vllm", speculative_method=method,
+    return EngineSettings(model=MODEL, dtype="fp32", engine="vllm", speculative_method=method,
                           speculative_tokens=16, kv_cache_gib=1.0, compile=False)
 
 
@@ -201,7 +201,7 @@ def test_a_dead_engine_process_makes_the_engine_unhealthy(loop) -> None:
     from deployments.replica.vllm_engine import VLLMChatEngine
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    engine = VLLMChatEngine(EngineSettings("smollm2-135m", "fp32", engine="vllm",
+    engine = VLLMChatEngine(EngineSettings(model="smollm2-135m", dtype="fp32", engine="vllm",
                                            speculative_method="toolspec", kv_cache_gib=0.5,
                                            compile=False))
     try:

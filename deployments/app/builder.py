@@ -14,7 +14,6 @@ them).
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,12 +28,11 @@ from deployments.http.ingress import Ingress
 from deployments.http.limits import AdmissionLimits
 from deployments.http.tenants import TENANT_HEADER, TENANT_PATTERN, TenantPolicy
 from deployments.library.service import LibraryService
-from deployments.ops.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT, RESPONSES_DEPLOYMENT
-from deployments.replica.engine import EngineKind, EngineSettings, SpeculativeMethod
+from deployments.ops.names import MODEL_DEPLOYMENT, RESPONSES_DEPLOYMENT, library_deployment_name
+from deployments.replica.engine import EngineSettings
 from deployments.replica.model_replica import EngineFactory, ModelServer
 from deployments.routing.prefix_router import PREFIX_ROUTER
 from deployments.stored_responses.service import ResponseService
-from toolspec.model.packages import DEFAULT_MODEL
 from toolspec.model.tensor_parallel import check_divides
 
 SESSION_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
@@ -48,54 +46,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelConfig(_Strict):
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"
-    engine: EngineKind = Field(
-        "toolspec", description="toolspec: the project's engine (draft trees, its batch "
-                                "scheduler, prefix cache and tensor-parallel group); vllm: "
-                                "vLLM's engine with the ToolSpec proposer (one draft chain per "
-                                "request per step)")
-    speculative_method: SpeculativeMethod = Field(
-        "toolspec", description="engine vllm: toolspec (call grammar + call library + suffix "
-                                "fallback), toolspec-schema (without the library), suffix "
-                                "(vLLM's SuffixDecoding), ngram (vLLM's prompt lookup), none")
-    speculative_tokens: int = Field(16, ge=1, le=128,
-                                    description="engine vllm: the longest draft chain")
-    min_reach: float = Field(
-        0.3, ge=0, le=1, description="engine vllm: a draft chain stops before a token whose "
-                                     "calibrated chance of acceptance is lower")
-    kv_block_tokens: int | None = Field(
-        32, ge=16, description="engine vllm: its KV block, the unit its prefix cache shares "
-                               "(null: vLLM's default, 128 on CPU)")
-    kv_cache_gib: float = Field(4.0, gt=0, description="engine vllm on CPU: its KV cache")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1,
-                                          description="engine vllm on a GPU: its memory share")
-    cpu_threads: str = Field(
-        "auto", pattern=r"^(auto|nobind|[0-9,\-|]+)$",
-        description="engine vllm on CPU: the cores its kernels run on "
-                    "(VLLM_CPU_OMP_THREADS_BIND: auto, 0, 0-3, ...)")
-    compile: bool = Field(True, description="engine vllm: compile the model graph at start "
-                                            "(faster steps; about a minute the first time, "
-                                            "cached after); false: eager")
-    draft_budget: int | Literal["auto"] = Field(
-        "auto", description="nodes verified per step; auto: the tree that pays most on this "
-                            "machine's measured verification cost curve")
-    prepack_linear: bool = Field(
-        True, description="fp32 on CPU: linear weights prepacked for oneDNN (faster steps, "
-                          "cheap verification; false for PyTorch's stock kernels)")
-    step_rows: int | Literal["auto"] = Field(
-        "auto", description="rows a forward runs at most while requests decode: decoding "
-                            "first, prompt chunks (whole blocks) fill the rest; auto: the "
-                            "fewest rows at which a row costs within 10% of the cheapest on "
-                            "this machine's cost curve; 0: no limit")
-    prefix_cache_bytes: int = Field(
-        1 << 30, ge=0, description="the replica's prefix cache: keys and values of prompt "
-                                   "blocks shared by a tenant's requests, least recently used "
-                                   "evicted past this many bytes; 0: off")
-    exact_bf16: bool = Field(
-        False, description="bf16 on CPU: speculative outputs bitwise plain decoding's, at a "
-                           "cost per verified row (docs/serving.md, 'Exact bf16')")
+class ModelConfig(EngineSettings):
+    """The model replicas: what each loads (``EngineSettings``, defined there once) and how
+    Serve deploys them."""
+
     replicas: int | None = Field(
         None, ge=1, description="a fixed number of replicas (default 1); leave unset with "
                                 "autoscaling")
@@ -157,19 +111,7 @@ class ModelConfig(_Strict):
                 request_router_class=router, request_router_kwargs=kwargs)
         return options
 
-    @model_validator(mode="after")
-    def _engine_fits(self) -> ModelConfig:
-        if self.engine == "vllm" and self.exact_bf16:
-            raise ValueError("exact_bf16 is the project's engine's (engine: toolspec); vLLM's "
-                             "kernels have no such mode here")
-        return self
 
-    @model_validator(mode="after")
-    def _rows_valid(self) -> ModelConfig:
-        if self.step_rows != "auto" and self.step_rows < 0:
-            raise ValueError(f"step_rows must be 'auto' or >= 0 (0: no limit), got "
-                             f"{self.step_rows}")
-        return self
 
     @model_validator(mode="after")
     def _ranks_fit(self) -> ModelConfig:
@@ -235,23 +177,6 @@ class LibraryConfig(_Strict):
     max_queued_requests: int = Field(256, ge=1)
 
 
-class LimitsConfig(_Strict):
-    """What one request may ask for; each refusal is a 400 naming the limit."""
-
-    max_body_bytes: int = Field(4 << 20, ge=1024, description="checked before parsing")
-    max_json_depth: int = Field(64, ge=8, description="nesting of the request body's JSON")
-    max_messages: int = Field(1024, ge=1)
-    max_tools: int = Field(128, ge=1)
-    max_tool_schema_bytes: int = Field(32 << 10, ge=256, description="JSON size of one tool")
-    max_tool_schema_depth: int = Field(24, ge=4, description="JSON nesting of one tool")
-    context_tokens: int | None = Field(
-        None, ge=16, description="prompt (after the chat template) + max_tokens; default: "
-                                 "the model's own context")
-
-    def admission(self) -> AdmissionLimits:
-        return AdmissionLimits(**self.model_dump())
-
-
 class ResponsesConfig(_Strict):
     """Where ``POST /v1/responses`` keeps ``store: true`` responses (for ``previous_response_id``
     and ``GET /v1/responses/{id}``): an LMDB file owned by one actor (the ``ResponseStore``
@@ -286,7 +211,7 @@ class AppConfig(_Strict):
                                                   "null: requests cannot name one")
     tenant_from_user: bool = Field(False, description="without the header, the body's `user` "
                                                       "names the tenant")
-    limits: LimitsConfig = LimitsConfig()
+    limits: AdmissionLimits = AdmissionLimits()
     request_timeout_s: float | None = Field(
         300.0, gt=0, description="a request still running after this long is ended with a "
                                  "504 error object (streams: an error event); null: no limit")
@@ -310,25 +235,14 @@ class AppConfig(_Strict):
     ingress_max_ongoing_requests: int = Field(256, ge=1)
 
     def engine_settings(self) -> EngineSettings:
-        model = self.model
-        return EngineSettings(
-            model.model, model.dtype, engine=model.engine, draft_budget=model.draft_budget,
-            prepack_linear=model.prepack_linear, step_rows=model.step_rows,
-            prefix_cache_bytes=model.prefix_cache_bytes,
-            tensor_parallel_size=model.tensor_parallel_size, exact_bf16=model.exact_bf16,
-            speculative_method=model.speculative_method,
-            speculative_tokens=model.speculative_tokens, min_reach=model.min_reach,
-            kv_block_tokens=model.kv_block_tokens,
-            kv_cache_gib=model.kv_cache_gib,
-            gpu_memory_utilization=model.gpu_memory_utilization, cpu_threads=model.cpu_threads,
-            compile=model.compile)
+        return EngineSettings.model_validate(self.model.fields())
 
     def policy(self) -> AdmissionPolicy:
         tenants = TenantPolicy(self.tenant, self.tenant_header and self.tenant_header.lower(),
                                self.tenant_from_user)
         return AdmissionPolicy((self.served_model_name or self.model.model,),
                                self.default_max_tokens, self.max_tokens_limit, tenants,
-                               self.limits.admission(), self.request_timeout_s,
+                               self.limits, self.request_timeout_s,
                                self.expose_replica)
 
 
@@ -359,7 +273,7 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         **config.model.placement(),
     }
     model = serve.deployment(ModelServer, **model_options).bind(
-        asdict(settings), library, engine_factory, config.request_timeout_s or 300)
+        settings.fields(), library, engine_factory, config.request_timeout_s or 300)
     ingress = serve.deployment(
         Ingress, name="Ingress", num_replicas=config.ingress_replicas,
         ray_actor_options={"num_cpus": 0.1, **({"resources": dict(config.ingress_resources)}
@@ -373,10 +287,6 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
     keys = ApiKeySource(config.api_keys_file, config.api_keys_env)
     responses = responses_part(config.responses) if config.responses.enabled else None
     return ingress.bind(model, config.policy(), renderer, keys, responses)
-
-
-def library_deployment_name(index: int, actors: int) -> str:
-    return LIBRARY_DEPLOYMENT if actors == 1 else f"{LIBRARY_DEPLOYMENT}-{index}"
 
 
 def library_part(config: LibraryConfig, index: int) -> Application:

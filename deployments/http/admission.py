@@ -208,8 +208,10 @@ def explicit_max_tokens(body: ChatCompletionRequest) -> str | None:
     return "max_tokens" if body.max_tokens else None
 
 
-# Fields OpenAI defines that this server does not implement, with the values that ask for
-# nothing (any other value is refused: the answer would silently differ from what was asked).
+# Chat completions fields OpenAI defines that this server does not implement, with the values
+# that ask for nothing (any other value is refused: the answer would silently differ from what
+# was asked). The Responses API has its own (``responses.protocol``); both go through
+# ``refuse_unimplemented``.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
     "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
@@ -225,9 +227,18 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
         param = "functions" if body.functions is not None else "function_call"
         raise AdmissionError(400, f"{param} is deprecated and not supported: use tools and "
                              "tool_choice", param=param, code="unsupported_parameter")
-    for name, neutral in _NEUTRAL.items():
+    refuse_unimplemented(body, _NEUTRAL)
+
+
+def refuse_unimplemented(body: Any, neutral: Mapping[str, tuple[Any, ...]]) -> None:
+    """A 400 naming the first field of ``neutral`` that ``body`` sets to a value other than
+    the ones that ask for nothing (an object whose members are all null counts as empty,
+    e.g. ``reasoning: {"effort": null}``)."""
+    for name, allowed in neutral.items():
         value = getattr(body, name)
-        if not any(value == allowed for allowed in neutral):
+        if isinstance(value, Mapping) and not any(v is not None for v in value.values()):
+            value = {}
+        if not any(value == option for option in allowed):
             raise AdmissionError(400, f"{name} is not supported by this server (got "
                                  f"{json.dumps(value)[:60]})", param=name,
                                  code="unsupported_parameter")

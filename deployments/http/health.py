@@ -16,7 +16,7 @@ from typing import Any
 
 from deployments.http.model_client import ModelClient
 from deployments.messages import ReplicaUnavailableError
-from deployments.ops.names import LIBRARY_DEPLOYMENT, MODEL_DEPLOYMENT
+from deployments.ops.names import MODEL_DEPLOYMENT, is_library_deployment
 
 logger = logging.getLogger(f"ray.serve.{__name__}")  # into the replica's Serve log
 
@@ -61,7 +61,7 @@ async def health_report(client: ModelClient, loaded: LoadedModel) -> dict[str, A
     if deployments is not None:
         model_up = deployments.get(MODEL_DEPLOYMENT, {}).get("replicas", {}).get("RUNNING", 0) > 0
         parts = [status for name, status in deployments.items()
-                 if name == LIBRARY_DEPLOYMENT or name.startswith(f"{LIBRARY_DEPLOYMENT}-")]
+                 if is_library_deployment(name)]
         library = "disabled" if not parts else (
             "reachable" if all(part["replicas"].get("RUNNING", 0) > 0 for part in parts)
             else "unreachable")  # a part down: its tools are drafted without retrieval

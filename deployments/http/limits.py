@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 
-@dataclass(frozen=True)
-class AdmissionLimits:
-    """What one request may ask for. ``context_tokens`` None: the served model's own context
-    (from its config)."""
 
-    max_body_bytes: int = 4 << 20
-    max_json_depth: int = 64
-    max_messages: int = 1024
-    max_tools: int = 128
-    max_tool_schema_bytes: int = 32 << 10
-    max_tool_schema_depth: int = 24
-    context_tokens: int | None = None
+class AdmissionLimits(BaseModel):
+    """What one request may ask for; each refusal is a 400 naming the limit. The deployment's
+    ``limits`` setting is this model (defined once, checked at deploy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="checked before parsing")
+    max_json_depth: int = Field(64, ge=8, description="nesting of the request body's JSON")
+    max_messages: int = Field(1024, ge=1)
+    max_tools: int = Field(128, ge=1)
+    max_tool_schema_bytes: int = Field(32 << 10, ge=256, description="JSON size of one tool")
+    max_tool_schema_depth: int = Field(24, ge=4, description="JSON nesting of one tool")
+    context_tokens: int | None = Field(
+        None, ge=16, description="prompt (after the chat template) + max_tokens; default: "
+                                 "the model's own context")
 
 
 class BodyLimitError(ValueError):

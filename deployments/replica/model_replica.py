@@ -14,7 +14,6 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict, replace
 from typing import Any
 
 from deployments.library.cache import LibraryCache, ShardedLibraryRemote
@@ -231,7 +230,7 @@ class ModelServer:
                  engine_factory: EngineFactory | None = None,
                  drain_timeout_s: float = 300.0) -> None:
         self.factory: EngineFactory = engine_factory or build_chat_engine
-        self.settings = EngineSettings(**settings)
+        self.settings = EngineSettings.model_validate(settings)
         self.drain_timeout_s = drain_timeout_s
         if library is not None and not isinstance(library, (list, tuple)):
             library = [library]
@@ -239,12 +238,14 @@ class ModelServer:
         self.replica = ModelReplica(self.factory(self.settings), cache)
 
     async def reconfigure(self, user_config: Mapping[str, Any]) -> None:
-        """Apply ``user_config`` (EngineSettings fields). Mutates: the engine, if needed."""
-        settings = replace(self.settings, **dict(user_config))
+        """Apply ``user_config`` (``EngineSettings`` fields, checked as the deployment's config
+        is: a bad value fails the update, naming the field, and the engine serves on
+        unchanged). Mutates: the engine, if needed."""
+        settings = self.settings.updated(user_config)
         if settings == self.settings:
             return
         if _loaded_as(settings) != _loaded_as(self.settings):
-            logger.info("reloading the engine for %s", asdict(settings))
+            logger.info("reloading the engine for %s", settings.fields())
             await self.replica.reload(lambda: self.factory(settings), self.drain_timeout_s)
         else:
             self.replica.engine.apply(settings)

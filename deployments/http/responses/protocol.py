@@ -22,7 +22,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.http.admission import AdmissionError, load_document, validation_error
+from deployments.http.admission import (
+    AdmissionError,
+    load_document,
+    refuse_unimplemented,
+    validation_error,
+)
 from deployments.http.schemas import ResponsesRequest
 from deployments.http.tool_stream import FinishedCall
 from deployments.stored_responses.store import StoredResponse, encoded
@@ -53,14 +58,7 @@ def parse_request(raw: bytes, limits: Any) -> ResponsesRequest:
         body = ResponsesRequest.model_validate(document)
     except ValidationError as error:
         raise validation_error(error) from None
-    for name, neutral in _NEUTRAL.items():
-        value = getattr(body, name)
-        if isinstance(value, Mapping) and not any(v is not None for v in value.values()):
-            value = {}  # e.g. reasoning: {"effort": null}
-        if not any(value == allowed for allowed in neutral):
-            raise AdmissionError(400, f"{name} is not supported by this server (got "
-                                 f"{json.dumps(value)[:60]})", param=name,
-                                 code="unsupported_parameter")
+    refuse_unimplemented(body, _NEUTRAL)
     if body.previous_response_id is not None and \
             not RESPONSE_ID.fullmatch(body.previous_response_id):
         raise AdmissionError(404, f"previous response {body.previous_response_id[:80]!r} not "
