@@ -1,4 +1,5 @@
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -10,6 +11,15 @@ from toolspec.core.budget import (
     FixedBudget,
 )
 from toolspec.core.draft_tree import ROOT, DraftTree, WeightedDraft
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verified tree as the engine reports it to its budget (``VerifiedTree``)."""
+
+    tree: DraftTree
+    accepted: tuple[int, ...]
+    rides_on_prefill: bool = False
 
 
 def test_cost_curves_load_from_curve_files_and_bench_results(tmp_path) -> None:
@@ -36,9 +46,9 @@ def test_fixed_budget_keeps_the_likeliest_nodes() -> None:
     likely = WeightedDraft((1, 2, 3), ("a",) * 3, (0.9, 0.8, 0.7))
     unlikely = WeightedDraft((4, 5), ("b",) * 2, (0.1, 0.05))
     tree = DraftTree.from_weighted([unlikely, likely])
-    assert FixedBudget(2).select(tree).tokens == (1, 2)
-    assert FixedBudget(4).select(tree).tokens == (4, 1, 2, 3)  # tree order kept
-    assert FixedBudget(9).select(tree) is tree
+    assert FixedBudget(2).select_batch([tree])[0].tokens == (1, 2)
+    assert FixedBudget(4).select_batch([tree])[0].tokens == (4, 1, 2, 3)  # tree order kept
+    assert FixedBudget(9).select_batch([tree])[0] is tree
 
 
 def test_fixed_budget_follows_the_calibration() -> None:
@@ -46,8 +56,8 @@ def test_fixed_budget_follows_the_calibration() -> None:
     tree = DraftTree.from_sequences([([1, 2], "rejected"), ([3, 4], "accepted")])
     budget = FixedBudget(2, AcceptanceCalibration(smoothing=1.0))
     for _ in range(5):
-        budget.observe(tree, [2, 3])
-    assert budget.select(tree).tokens == (3, 4)
+        budget.observe_batch([Verified(tree, (2, 3))])
+    assert budget.select_batch([tree])[0].tokens == (3, 4)
 
 
 def chain(length: int, prior: float, source: str = "s") -> DraftTree:
@@ -59,16 +69,17 @@ def chain(length: int, prior: float, source: str = "s") -> DraftTree:
 def test_cheap_verification_takes_long_likely_chains() -> None:
     budget = CostAwareBudget(CostModel.linear(0.01),
                              calibration=AcceptanceCalibration(smoothing=1e9))
-    assert len(budget.select(chain(40, 0.99))) == 40
+    assert len(budget.select_batch([chain(40, 0.99)])[0]) == 40
 
 
 def test_expensive_verification_takes_nothing_unlikely() -> None:
     steep = CostModel.from_timings({1: 1.0, 2: 1.05, 4: 2.0, 64: 3.0})
     budget = CostAwareBudget(steep, calibration=AcceptanceCalibration(smoothing=1e9))
-    assert len(budget.select(chain(10, 0.3))) == 1  # k=2 is nearly free: one node pays
-    assert len(budget.select(chain(10, 0.02))) == 0
+    # k=2 is nearly free: one node pays
+    assert len(budget.select_batch([chain(10, 0.3)])[0]) == 1
+    assert len(budget.select_batch([chain(10, 0.02)])[0]) == 0
     # A certain chain pays for the jump in cost.
-    assert len(budget.select(chain(63, 0.995))) == 63
+    assert len(budget.select_batch([chain(63, 0.995)])[0]) == 63
 
 
 def certain(budget: CostAwareBudget) -> CostAwareBudget:
@@ -85,27 +96,28 @@ def test_a_node_is_kept_when_its_reach_beats_the_rate_times_its_cost() -> None:
     budget = certain(CostAwareBudget(CostModel.linear(0.1), prior_rate=3.0))
     good = DraftTree.from_weighted([
         WeightedDraft((1, 2, 3, 4), ("s",) * 4, (0.99, 0.98, 0.97, 0.35))])
-    assert len(budget.select(good)) == 4  # ratio at 3 nodes: 3.94 / 1.3 = 3.03 > 4.29 / 1.4
+    # ratio at 3 nodes: 3.94 / 1.3 = 3.03 > 4.29 / 1.4
+    assert len(budget.select_batch([good])[0]) == 4
     poor = DraftTree.from_weighted([WeightedDraft((1,), ("s",), (0.25,))])
-    assert len(budget.select(poor)) == 0  # though 1.25 / 1.1 > 1 / 1
+    assert len(budget.select_batch([poor])[0]) == 0  # though 1.25 / 1.1 > 1 / 1
 
 
 def test_the_rate_is_learned_from_decoding_steps_only() -> None:
     budget = certain(CostAwareBudget(CostModel.linear(0.1), prior_rate=2.0, prior_weight=1.0))
     tree = chain(8, 0.99)
     assert budget.rate == pytest.approx(2.0)
-    budget.observe(tree, list(range(8)), rides_on_prefill=True)  # the prompt's forward
+    budget.observe_batch([Verified(tree, tuple(range(8)), True)])  # the prompt's forward
     assert budget.rate == pytest.approx(2.0)
     for _ in range(200):  # steps that verify 9 tokens (cost 1.8) and emit 9
-        budget.observe(tree, list(range(8)))
+        budget.observe_batch([Verified(tree, tuple(range(8)))])
     assert budget.rate == pytest.approx(9 / 1.8, rel=0.01)
     # At 5 tokens per step, a node must be accepted with more than 0.5: the chain stops
     # where its reach (0.8 ** depth) falls below.
-    assert len(budget.select(chain(8, 0.8))) == 3
+    assert len(budget.select_batch([chain(8, 0.8)])[0]) == 3
     for _ in range(2000):  # steps that verify 9 tokens and emit 1: the rate falls, trees grow
-        budget.observe(tree, [])
+        budget.observe_batch([Verified(tree, ())])
     assert budget.rate == pytest.approx(1 / 1.8, rel=0.01)
-    assert len(budget.select(chain(8, 0.8))) == 8
+    assert len(budget.select_batch([chain(8, 0.8)])[0]) == 8
 
 
 def test_selection_is_always_a_connected_subtree() -> None:
@@ -117,7 +129,7 @@ def test_selection_is_always_a_connected_subtree() -> None:
     tree = DraftTree.from_weighted(drafts)
     budget = CostAwareBudget(CostModel.linear(0.05),
                              calibration=AcceptanceCalibration(smoothing=1e9))
-    selected = budget.select(tree)
+    selected = budget.select_batch([tree])[0]
     assert all(parent == ROOT or parent < index for index, parent in enumerate(selected.parents))
     assert len(selected) == len(tree)
 

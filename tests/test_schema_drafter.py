@@ -56,7 +56,7 @@ def test_forced_spans_are_tokenized_like_the_whole_text(qwen_tokenizer, targets)
             for draft in drafter.text_drafts():
                 if not draft.text or not text.startswith(draft.text, start):
                     continue
-                ids = drafter.continuer.continue_ids(committed, draft.text).ids
+                ids = drafter.continuer.continue_many(committed, [draft.text])[0].ids
                 span_end = start + len(draft.text)
                 for offset, want in enumerate(output[position:]):
                     if ends[position + offset] > span_end:
@@ -211,13 +211,14 @@ def _path_to_leaf(tree, node: int) -> list[int]:
 
 
 def test_texts_tokenized_together_equal_each_tokenized_alone(qwen_tokenizer) -> None:
-    """``continue_many`` is ``continue_ids`` per text: the boundary merges (``"`` + ``name``
-    → ``{"``), shrunken windows and the cache give every text the ids of the whole string."""
+    """``continue_many`` of many texts is ``continue_many`` of each alone: the boundary merges
+    (``"`` + ``name`` → ``{"``), shrunken windows and the cache give every text the ids of
+    the whole string."""
     tokenizer = qwen_tokenizer
     committed = tokenizer.encode('<tool_call>\n{"name": "Query', add_special_tokens=False)
     texts = ['Stock", "parameters": {"', 'Balance"}', "Stock", "", " x<|im_end|>", "Stock"]
     together = TokenContinuer(tokenizer).continue_many(committed, texts)
-    alone = [TokenContinuer(tokenizer).continue_ids(committed, text) for text in texts]
+    alone = [TokenContinuer(tokenizer).continue_many(committed, [text])[0] for text in texts]
     assert together == alone
     for text, continuation in zip(texts, together):
         whole = tokenizer.encode(tokenizer.decode(committed) + text, add_special_tokens=False)

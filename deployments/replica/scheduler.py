@@ -65,8 +65,6 @@ class BatchScheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, name="toolspec-batch", daemon=True)
         self._thread.start()
-        self.steps = 0  # forwards run (for diagnostics and metrics)
-        self.batched = 0  # job-steps run in them
 
     @property
     def max_batch(self) -> int:
@@ -111,10 +109,7 @@ class BatchScheduler:
             if not self._driver:
                 continue
             result = self._driver.turn()
-            self.steps += 1
-            stepped = sum(outcome is not None for outcome in result.outcomes)
-            self.batched += stepped
-            metrics.record_batch(stepped)
+            metrics.record_batch(sum(outcome is not None for outcome in result.outcomes))
             active = len(self._driver)
             metrics.record_queue(min(active, self.max_batch), max(0, active - self.max_batch))
 

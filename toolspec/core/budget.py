@@ -25,22 +25,15 @@ class DraftBudget(Protocol):
     max_nodes: int  # how many nodes to ask the drafter for
     calibration: AcceptanceCalibration  # acceptance per draft source, learned online
 
-    def select(self, tree: DraftTree) -> DraftTree:
-        """The part of ``tree`` to verify (a step of one sequence)."""
-
     def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
         """The part of each tree to verify when all of them share one forward, which also
         runs ``other_rows`` rows of other work (prompt chunks)."""
 
-    def observe(self, tree: DraftTree, accepted: Sequence[int],
-                rides_on_prefill: bool = False) -> None:
-        """Learn from a verified tree and its accepted nodes; ``rides_on_prefill``: the tree
-        was verified in the prompt's forward, not in a decoding step of its own. Mutates: the
-        budget's statistics."""
-
     def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
         """Learn from the trees one forward verified together beside ``other_rows`` rows of
-        other work. Mutates: the statistics."""
+        other work, and their accepted nodes (a tree that ``rides_on_prefill`` was verified
+        in its prompt's forward, not in a decoding step of its own). Mutates: the
+        statistics."""
 
 
 class VerifiedTree(Protocol):
@@ -123,22 +116,18 @@ class FixedBudget:
     max_nodes: int
     calibration: AcceptanceCalibration = field(default_factory=AcceptanceCalibration)
 
-    def select(self, tree: DraftTree) -> DraftTree:
+    def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
+        return [self._select(tree) for tree in trees]
+
+    def _select(self, tree: DraftTree) -> DraftTree:
         if len(tree) <= self.max_nodes:
             return tree
         ranked = ranked_by_reach(self.calibration.reach_probabilities(tree))
         return tree.subtree(sorted(ranked[: self.max_nodes]))
 
-    def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
-        return [self.select(tree) for tree in trees]
-
-    def observe(self, tree: DraftTree, accepted: Sequence[int],
-                rides_on_prefill: bool = False) -> None:
-        self.calibration.observe(tree, accepted)
-
     def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
         for entry in verified:
-            self.observe(entry.tree, entry.accepted, entry.rides_on_prefill)
+            self.calibration.observe(entry.tree, entry.accepted)
 
 
 class CostCurveFileError(ValueError):
@@ -245,9 +234,6 @@ class CostAwareBudget:
         return (self._tokens.get(bucket, 0.0) + prior * self.prior_weight) / (
             self._spent.get(bucket, 0.0) + self.prior_weight)
 
-    def select(self, tree: DraftTree) -> DraftTree:
-        return self.select_batch([tree])[0]
-
     def select_batch(self, trees: Sequence[DraftTree], other_rows: int = 0) -> list[DraftTree]:
         if not any(len(tree) for tree in trees):
             return list(trees)
@@ -269,12 +255,6 @@ class CostAwareBudget:
         for _, index, node in ranked[:best_count]:
             kept[index].append(node)
         return [tree.subtree(sorted(nodes)) for tree, nodes in zip(trees, kept)]
-
-    def observe(self, tree: DraftTree, accepted: Sequence[int],
-                rides_on_prefill: bool = False) -> None:
-        self.calibration.observe(tree, accepted)
-        if not rides_on_prefill:
-            self._learn_rate(1, len(accepted) + 1, self.cost.cost(len(tree) + 1))
 
     def observe_batch(self, verified: Sequence[VerifiedTree], other_rows: int = 0) -> None:
         for entry in verified:

@@ -40,11 +40,10 @@ class GrammarConstraint:
     shared), so one constraint serves any number of generations.
     """
 
-    def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, grammar: str) -> None:
+    def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int) -> None:
         self._pristine = pristine
         self._lock = threading.Lock()
         self.vocab_size = vocab_size
-        self.grammar = grammar
 
     def matcher(self) -> llguidance.LLMatcher:
         with self._lock:
@@ -100,7 +99,7 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the tool-call grammar does not compile: {matcher.get_error()}")
-        return GrammarConstraint(matcher, self.vocab_size, lark)
+        return GrammarConstraint(matcher, self.vocab_size)
 
 
 class ConstrainedChooser(TokenChooser):

@@ -44,15 +44,11 @@ class TokenContinuer:
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[tuple[int, ...], str], TokenizedContinuation] = OrderedDict()
 
-    def continue_ids(self, committed: Sequence[int], text: str) -> TokenizedContinuation:
-        """Token ids (and per-token end offsets in ``text``) that write ``text`` after
-        ``committed``."""
-        return self.continue_many(committed, [text])[0]
-
     def continue_many(self, committed: Sequence[int], texts: Sequence[str]
                       ) -> list[TokenizedContinuation]:
-        """``continue_ids`` for each of ``texts``, tokenized together: one tokenizer call per
-        window size instead of one per text (a step drafts a dozen texts after the same tail)."""
+        """For each of ``texts``, the token ids (and per-token end offsets in the text) that
+        write it after ``committed``, tokenized together: one tokenizer call per window size
+        instead of one per text (a step drafts a dozen texts after the same tail)."""
         tail = tuple(committed[-self.window:]) if self.window else ()
         results: list[TokenizedContinuation | None] = []
         for text in texts:
