@@ -14,8 +14,9 @@ from toolspec.core.draft_tree import ROOT, DraftTree, WeightedDraft
 
 
 @dataclass(frozen=True)
-class Verified:
-    """A verified tree as the engine reports it to its budget (``VerifiedTree``)."""
+class Acceptance:
+    """What the model accepted of a verified tree, as the engine tells its budget
+    (``VerifiedTree``; the engine's is ``toolspec.core.job.TreeAcceptance``)."""
 
     tree: DraftTree
     accepted: tuple[int, ...]
@@ -56,7 +57,7 @@ def test_fixed_budget_follows_the_calibration() -> None:
     tree = DraftTree.from_sequences([([1, 2], "rejected"), ([3, 4], "accepted")])
     budget = FixedBudget(2, AcceptanceCalibration(smoothing=1.0))
     for _ in range(5):
-        budget.observe_batch([Verified(tree, (2, 3))])
+        budget.observe_batch([Acceptance(tree, (2, 3))])
     assert budget.select_batch([tree])[0].tokens == (3, 4)
 
 
@@ -106,16 +107,16 @@ def test_the_rate_is_learned_from_decoding_steps_only() -> None:
     budget = certain(CostAwareBudget(CostModel.linear(0.1), prior_rate=2.0, prior_weight=1.0))
     tree = chain(8, 0.99)
     assert budget.rate == pytest.approx(2.0)
-    budget.observe_batch([Verified(tree, tuple(range(8)), True)])  # the prompt's forward
+    budget.observe_batch([Acceptance(tree, tuple(range(8)), True)])  # the prompt's forward
     assert budget.rate == pytest.approx(2.0)
     for _ in range(200):  # steps that verify 9 tokens (cost 1.8) and emit 9
-        budget.observe_batch([Verified(tree, tuple(range(8)))])
+        budget.observe_batch([Acceptance(tree, tuple(range(8)))])
     assert budget.rate == pytest.approx(9 / 1.8, rel=0.01)
     # At 5 tokens per step, a node must be accepted with more than 0.5: the chain stops
     # where its reach (0.8 ** depth) falls below.
     assert len(budget.select_batch([chain(8, 0.8)])[0]) == 3
     for _ in range(2000):  # steps that verify 9 tokens and emit 1: the rate falls, trees grow
-        budget.observe_batch([Verified(tree, ())])
+        budget.observe_batch([Acceptance(tree, ())])
     assert budget.rate == pytest.approx(1 / 1.8, rel=0.01)
     assert len(budget.select_batch([chain(8, 0.8)])[0]) == 8
 

@@ -118,4 +118,5 @@ def test_with_nobody_decoding_the_first_prompt_runs_whole_and_the_others_wait() 
     result = engine.step([first, second])
     outcomes = result.outcomes
     assert outcomes[0].event.tokens and outcomes[1] is None  # one prompt's forward, not two
-    assert result.report is not None and result.report.jobs == 1 and result.report.waiting == 1
+    assert result.report is not None and result.report.jobs == 1
+    assert result.report.jobs_sitting_out == 1

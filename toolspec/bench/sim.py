@@ -302,11 +302,11 @@ def simulate(
                 outcome = engine.step([job]).outcomes[0]
             if outcome.error is not None:
                 raise outcome.error
-            at_prefill = position == 0
-            verified = job.verified
-            tree = verified.tree if verified is not None else DraftTree()
-            accepted = verified.accepted if verified is not None else ()
-            verifies = bool(tree) or not at_prefill  # a plain prefill is no verification
+            prompt_forward = position == 0  # the forward that delivers the first tokens
+            acceptance = job.acceptance
+            tree = acceptance.tree if acceptance is not None else DraftTree()
+            accepted = acceptance.accepted if acceptance is not None else ()
+            verifies = bool(tree) or not prompt_forward  # a plain prefill is no verification
             if verifies and position + len(accepted) + 1 < len(output):  # ended short of it
                 missed = position + len(accepted)
                 reach = job.proposal.path_along(output[position:])
@@ -315,12 +315,12 @@ def simulate(
                     len(reach), job.proposal.child_count(reach[-1] if reach else ROOT),
                     len(tree)))
             emitted_count = min(len(outcome.event.tokens), len(output) - position)
-            if not at_prefill:  # the prompt's forward delivers prefill's tokens, tree or not
+            if not prompt_forward:  # the prompt's forward delivers prefill's tokens, tree or not
                 report.decode_tokens += emitted_count
-            if not at_prefill and cost is not None:
+            if not prompt_forward and cost is not None:
                 report.forward_cost += cost.cost(len(tree) + 1)
             position += emitted_count
-            if at_prefill and not tree:  # plain prefill: not a verification
+            if prompt_forward and not tree:  # plain prefill: not a verification
                 continue
             report.steps += 1
             report.nodes_verified += len(tree)

@@ -30,7 +30,8 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -57,15 +58,26 @@ from toolspec.core.generation import (
     StepResult,
     StepStats,
 )
-from toolspec.core.job import DecodeJob, Verified
+from toolspec.core.job import DecodeJob, TreeAcceptance
 from toolspec.core.prefix_cache import DEFAULT_BLOCK_TOKENS, PrefixCache, block_keys
 
 T = TypeVar("T")
+
+
+class RequestContext(TypedDict, total=False):
+    """``Engine.start``'s keywords, which ``generate`` and ``stream`` pass on: what informs a
+    request's drafter beyond its prompt, and who watches it."""
+
+    tools: ToolSet | None
+    call_format: CallFormat | None
+    conversation: str
+    tenant: str
+    observers: Sequence[StepObserver]
 logger = logging.getLogger(__name__)
 
 __all__ = ["Engine", "Generation", "GenerationParams", "KVPrefix", "PrefixMismatchError",
-           "StepEvent", "StepOutcome", "StepReport", "StepResult", "StepStats",
-           "default_stop_token_ids"]
+           "RequestContext", "StepEvent", "StepOutcome", "StepReport", "StepResult",
+           "StepStats", "default_stop_token_ids"]
 
 
 class Engine:
@@ -113,42 +125,23 @@ class Engine:
             else default_stop_token_ids(model, tokenizer)
         )
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        drafter: Drafter | None = None,
-        params: GenerationParams = GenerationParams(),
-        tools: ToolSet | None = None,
-        call_format: CallFormat | None = None,
-        conversation: str = "",
-        tenant: str = "default",
-        observers: Sequence[StepObserver] = (),
-    ) -> Generation:
-        """Generate after ``prompt_ids``; ``tools``, ``call_format``, ``conversation`` (the
-        messages' text) and ``tenant`` (whose past calls may be drafted) inform the drafter."""
-        for event in self.stream(prompt_ids, drafter, params, tools, call_format, conversation,
-                                 tenant, observers):
+    def generate(self, prompt_ids: Sequence[int], drafter: Drafter | None = None,
+                 params: GenerationParams = GenerationParams(),
+                 **context: Unpack[RequestContext]) -> Generation:
+        """Generate after ``prompt_ids`` (arguments as ``start``)."""
+        for event in self.stream(prompt_ids, drafter, params, **context):
             if event.generation is not None:
                 return event.generation
         raise AssertionError("Engine.stream ended without a generation")
 
-    def stream(
-        self,
-        prompt_ids: Sequence[int],
-        drafter: Drafter | None = None,
-        params: GenerationParams = GenerationParams(),
-        tools: ToolSet | None = None,
-        call_format: CallFormat | None = None,
-        conversation: str = "",
-        tenant: str = "default",
-        observers: Sequence[StepObserver] = (),
-    ) -> Generator[StepEvent, None, None]:
+    def stream(self, prompt_ids: Sequence[int], drafter: Drafter | None = None,
+               params: GenerationParams = GenerationParams(),
+               **context: Unpack[RequestContext]) -> Generator[StepEvent, None, None]:
         """``generate`` one step at a time: a ``StepEvent`` per step, the last one carrying the
         ``Generation``. Closing the iterator early ends the request (the drafter is stopped).
         Timings are wall time, so they include any time the consumer held the iterator.
         """
-        job = self.start(prompt_ids, drafter, params, tools, call_format, conversation, tenant,
-                         observers)
+        job = self.start(prompt_ids, drafter, params, **context)
         try:
             while not job.done:
                 outcome = self.step([job]).outcomes[0]
@@ -158,19 +151,15 @@ class Engine:
         finally:
             job.close()  # also when the consumer leaves early
 
-    def start(
-        self,
-        prompt_ids: Sequence[int],
-        drafter: Drafter | None = None,
-        params: GenerationParams = GenerationParams(),
-        tools: ToolSet | None = None,
-        call_format: CallFormat | None = None,
-        conversation: str = "",
-        tenant: str = "default",
-        observers: Sequence[StepObserver] = (),
-    ) -> DecodeJob:
-        """A job for ``prompt_ids`` (arguments as ``stream``), run by ``step``. Starts its
-        drafter. ``tenant`` also scopes the prompt's blocks in the prefix cache."""
+    def start(self, prompt_ids: Sequence[int], drafter: Drafter | None = None,
+              params: GenerationParams = GenerationParams(), *, tools: ToolSet | None = None,
+              call_format: CallFormat | None = None, conversation: str = "",
+              tenant: str = "default", observers: Sequence[StepObserver] = ()) -> DecodeJob:
+        """A job for ``prompt_ids``, run by ``step``; starts its drafter (None: plain
+        decoding). ``tools``, ``call_format``, ``conversation`` (the messages' text) and
+        ``tenant`` (whose past calls may be drafted) inform the drafter (``RequestContext``);
+        ``tenant`` also scopes the prompt's blocks in the prefix cache; ``observers`` watch
+        each verification."""
         output = RequestOutput(self.tokenizer, call_format)  # the job appends, the drafter reads
         request = DraftRequest(tuple(prompt_ids), tools, call_format, conversation, tenant, output)
         return DecodeJob(self.model, self.tokenizer, self.stop_token_ids, drafter or NoDrafter(),
@@ -192,13 +181,41 @@ class Engine:
         began = time.perf_counter()
         outcomes: list[StepOutcome | None] = [None] * len(jobs)
         cached = self._take_cached_prompts(jobs)
+        plan = self._plan(jobs, self.step_rows if step_rows is None else step_rows, outcomes)
+        if not plan.running:
+            return StepResult(outcomes)
+        # forward → advance (walk, commit, tell the drafter) → learn → store the prompt blocks
+        clock = time.perf_counter()
+        rows = [jobs[i].rows(plan.trees.get(i), plan.chunks[i]) for i in plan.running]
+        try:
+            logits = self.model.forward(rows)
+        except Exception as error:  # the forward itself failed: every job in it fails
+            for i in plan.running:
+                _fail(outcomes, i, jobs[i], error)
+            return StepResult(outcomes)
+        forward_s = time.perf_counter() - clock
+        accepted = self._advance(jobs, plan.running, logits, forward_s, outcomes)
+        prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
+        self.budget.observe_batch(accepted, prompt_rows)
+        self._store_computed_prompts([jobs[i] for i, r in zip(plan.running, rows)
+                                      if r.prompt and outcomes[i].error is None])
+        return StepResult(outcomes, StepReport(len(plan.running), prompt_rows,
+                                               sum(r.rows for r in rows) - prompt_rows,
+                                               forward_s, time.perf_counter() - began, cached,
+                                               plan.jobs_sitting_out))
+
+    def _plan(self, jobs: Sequence[DecodeJob], limit: int,
+              outcomes: list[StepOutcome | None]) -> _StepPlan:
+        """Which rows the step's forward runs (``step``'s rules; ``limit`` 0: no limit): the
+        decoding jobs' trees, sized knowing the prompt rows beside them; the prompt chunks
+        in what they leave; then the trees that ride on a prompt's last chunk. A job whose
+        drafter fails gets its outcome here. Mutates: the jobs' drafters (they propose)."""
         decoding = [i for i, job in enumerate(jobs) if not job.prefilling]
-        limit = self.step_rows if step_rows is None else step_rows
-        # The trees are chosen knowing what prompt rows will share their forward.
-        waiting_rows = sum(job.prompt_rows for job in jobs if job.prefilling)
+        prompt_rows_beside = sum(job.prompt_rows for job in jobs if job.prefilling)
         if limit and decoding:
-            waiting_rows = min(waiting_rows, max(self.block_tokens, limit - len(decoding)))
-        trees = self._select_trees(jobs, decoding, outcomes, waiting_rows)
+            prompt_rows_beside = min(prompt_rows_beside,
+                                     max(self.block_tokens, limit - len(decoding)))
+        trees = self._select_trees(jobs, decoding, outcomes, prompt_rows_beside)
         left = None
         if limit and trees:
             used = sum(1 + len(tree) for tree in trees.values())
@@ -213,19 +230,15 @@ class Engine:
             sum(jobs[i].prompt_rows for i in riding)
         trees.update(self._select_trees(jobs, riding, outcomes, other))
         running = sorted([*trees, *(i for i, chunk in enumerate(chunks) if chunk)])
-        waiting = sum(1 for chunk in chunks if chunk == 0)
-        if not running:
-            return StepResult(outcomes)
-        clock = time.perf_counter()
-        rows = [jobs[i].rows(trees.get(i), chunks[i]) for i in running]
-        try:
-            logits = self.model.forward(rows)
-        except Exception as error:  # the forward itself failed: every job in it fails
-            for i in running:
-                _fail(outcomes, i, jobs[i], error)
-            return StepResult(outcomes)
-        forward_s = time.perf_counter() - clock
-        verified: list[Verified] = []
+        return _StepPlan(trees, chunks, running, sum(1 for chunk in chunks if chunk == 0))
+
+    def _advance(self, jobs: Sequence[DecodeJob], running: Sequence[int],
+                 logits: Sequence[torch.Tensor], forward_s: float,
+                 outcomes: list[StepOutcome | None]) -> list[TreeAcceptance]:
+        """Each running job walks its rows' logits, commits what it accepted and tells its
+        drafter (and its observers); returns what the trees' acceptance teaches the budget.
+        A job that fails gets its outcome, the others go on. Mutates: the jobs, ``outcomes``."""
+        accepted: list[TreeAcceptance] = []
         for i, job_logits in zip(running, logits):
             result = _guarded(outcomes, i, jobs[i], jobs[i].advance, job_logits, forward_s)
             if result is not None and jobs[i].observers and jobs[i].verification is not None:
@@ -235,15 +248,8 @@ class Engine:
             if result is not None:
                 outcomes[i] = StepOutcome(result[0])
                 if result[1] is not None:
-                    verified.append(result[1])
-        prompt_rows = sum(len(r.pending) - r.logits for r in rows)  # a root is no prompt row
-        self.budget.observe_batch(verified, prompt_rows)
-        self._store_computed_prompts([jobs[i] for i, r in zip(running, rows)
-                                      if r.prompt and outcomes[i].error is None])
-        return StepResult(outcomes, StepReport(len(running), prompt_rows,
-                                               sum(r.rows for r in rows) - prompt_rows,
-                                               forward_s, time.perf_counter() - began, cached,
-                                               waiting))
+                    accepted.append(result[1])
+        return accepted
 
     def run(self, jobs: Sequence[DecodeJob], step_rows: int | None = None
             ) -> list[Generation | Exception]:
@@ -361,6 +367,18 @@ class Engine:
             if not job.prefilling:
                 reusable = (job.prompt_tokens - 1) // size
                 self.prefix_cache.count_missed(max(0, reusable - job.cached_tokens // size))
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """The rows of one step: per job index its tree (``trees``), per job its prompt chunk
+    (``chunks``: None with a tree or nothing to run, 0 when it sits the step out), the jobs
+    in the forward in order (``running``), and how many sit the step out."""
+
+    trees: dict[int, DraftTree]
+    chunks: list[int | None]
+    running: list[int]
+    jobs_sitting_out: int
 
 
 def _aligned_chunk(position: int, rows: int, allowed: int, block: int) -> int | None:

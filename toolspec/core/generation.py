@@ -143,7 +143,7 @@ class StepReport:
     forward_s: float
     step_s: float
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
-    waiting: int = 0  # jobs that sat the step out (no rows left, or a block another computes)
+    jobs_sitting_out: int = 0  # no rows left for their prompt, or a block another computes
 
 
 @dataclass(frozen=True)

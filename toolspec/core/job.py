@@ -47,9 +47,12 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Verified:
-    """What a step verified, for the budget to learn from: the tree, the accepted nodes, and
-    whether the tree rode on the prompt's forward."""
+class TreeAcceptance:
+    """What the model accepted of a tree it verified, for the budget to learn from
+    (``toolspec.core.budget.VerifiedTree``): the tree, the accepted nodes, and whether the
+    tree rode on the prompt's forward (``rides_on_prefill``: verified in the prefill, not in a
+    decoding step of its own, so it cost the step no forward). Observers see another view of
+    the same walk, ``toolspec.core.generation.Verification``."""
 
     tree: DraftTree
     accepted: tuple[int, ...]
@@ -102,7 +105,7 @@ class DecodeJob:
         self.done = False
         self._draft_s = 0.0
         self.proposal = DraftTree()  # the drafter's latest tree, before the budget
-        self.verified: Verified | None = None  # the latest step's, where it drafted
+        self.acceptance: TreeAcceptance | None = None  # the latest step's, where it drafted
         self.verification: Verification | None = None  # the latest step's walk (any tree)
         self._tree: DraftTree | None = None
         self._chunk = 0
@@ -170,15 +173,19 @@ class DecodeJob:
     # ---- after the forward ------------------------------------------------------------------
 
     def advance(self, logits: torch.Tensor | None, forward_s: float = 0.0
-                ) -> tuple[StepEvent, Verified | None]:
+                ) -> tuple[StepEvent, TreeAcceptance | None]:
         """Take the forward's logits for this job's rows: commit a prompt chunk, or walk the
         tree, commit the accepted path and check for the end. Returns the step's event and,
         for a verification, what the budget learns from it."""
         if self._tree is None:  # a prompt chunk: its keys and values are all kept
             self.pending = self.pending[self._chunk:]
-            self.verified = self.verification = None
+            self.acceptance = self.verification = None
             return StepEvent((), "", None), None
-        tree, at_prefill = self._tree, self.prefilling
+        # prompt_forward: this forward ran the prompt's last chunk, and its tokens are the
+        # request's first (its time is the prefill's). rides_on_prefill (below) is narrower:
+        # prompt rows came before the tree in the forward, so the tree cost no step of its
+        # own — not so when the prefix cache held all of the prompt but its last token.
+        tree, prompt_forward = self._tree, self.prefilling
         clock = time.perf_counter()
         base_length = self.cache.get_seq_length() - len(self.pending) - len(tree)
         self.chooser.bind(logits)
@@ -198,18 +205,19 @@ class DecodeJob:
         stats = _step_stats(tree, path, len(emitted), self._draft_s + time.perf_counter()
                             - committed, forward_s, committed - clock)
         self._draft_s = 0.0
-        verified = Verified(tree, path.nodes, rides_on_prefill) if self._drafting else None
-        self.verified = verified
-        if at_prefill:
+        acceptance = TreeAcceptance(tree, path.nodes, rides_on_prefill) if self._drafting \
+            else None
+        self.acceptance = acceptance
+        if prompt_forward:
             self.prefill_s = time.perf_counter() - self.started
             self.prefill_step = stats if len(tree) else None
         else:
             self.steps.append(stats)
         if decision is None:
             return StepEvent(tuple(emitted), self.deltas.update(self.output.text),
-                             None if at_prefill else stats,
-                             calls=self.output.parse.spans), verified
-        return self._finish(decision, emitted, None if at_prefill else stats), verified
+                             None if prompt_forward else stats,
+                             calls=self.output.parse.spans), acceptance
+        return self._finish(decision, emitted, None if prompt_forward else stats), acceptance
 
     def _finish(self, decision: StopDecision, emitted: list[int], stats: StepStats | None
                 ) -> StepEvent:
