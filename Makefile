@@ -84,7 +84,7 @@ peer-bench: install
 	$(PY) load_tests/peer_bench.py --out results/peer
 
 # The agent frameworks users bring (OpenAI Agents SDK, LangGraph + LangChain's ChatOpenAI),
-# pinned, in their own venv: an agent process of a user's, run by tests/test_agent_frameworks.py
+# pinned, in their own venv: an agent process of a user's, run by tests/serving/app/test_agent_frameworks.py
 # through load_tests/agent_loops.py. Never imports ray or toolspec.
 AGENTS_VENV ?= .venv-agents
 AGENTS_STAMP := $(AGENTS_VENV)/.installed

@@ -29,8 +29,11 @@ def ray_serve():
     # Workers push metrics to the node's exporter every 2 s (default 10 s): a test scrapes them.
     os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
     root = Path(__file__).parent.parent
+    # The tests' folders too: a replica unpickles what a test module defines by its name.
+    folders = sorted({str(path.parent) for path in (root / "tests").rglob("test_*.py")})
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(root), str(root / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
+        [str(root), str(root / "tests"), *folders,
+         *filter(None, [os.environ.get("PYTHONPATH")])])
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -17,6 +18,9 @@ from transformers import (
 
 from toolspec.core.draft_tree import ROOT, DraftTree
 from toolspec.core.drafter import DraftRequest
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: scripts/, serve_config.yaml, ...
+TEST_DATA = REPO / "tests" / "data"
 
 
 def tiny_model(family: str, vocab_size: int = 96, seed: int = 0) -> PreTrainedModel:

@@ -165,3 +165,25 @@ def test_the_http_side_and_the_replica_side_never_import_each_other() -> None:
         if other:
             crossing = sorted(t for t in _imports(path) if t.startswith(other))
             assert crossing == [], f"{module} imports {crossing}"
+
+
+def test_the_tests_mirror_the_source() -> None:
+    """Each folder of tests is named for what it tests: a part of ``toolspec`` (``tests/core``
+    for ``toolspec/core``), of the serving side (``tests/serving/http`` for
+    ``deployments/http``), or the scripts; only house-wide tests sit at the top."""
+    tests = ROOT / "tests"
+    places = {path.parent.relative_to(tests) for path in tests.rglob("test_*.py")}
+    misplaced = []
+    for place in sorted(places, key=str):
+        parts = place.parts
+        if not parts:
+            continue
+        if parts[0] == "serving":
+            source = ROOT.joinpath("deployments", *parts[1:])
+        elif parts[0] == "scripts":
+            source = ROOT / "scripts"
+        else:
+            source = ROOT.joinpath("toolspec", *parts)
+        if not source.is_dir():
+            misplaced.append(str(place))
+    assert misplaced == [], f"test folders that mirror no part of the source: {misplaced}"

@@ -7,12 +7,12 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from helpers import tiny_model
+from helpers import REPO, tiny_model
 
 from toolspec import TargetModel
 from toolspec.core.draft_tree import DraftTree
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bf16_rounding.py"
+SCRIPT = REPO / "scripts" / "bf16_rounding.py"
 VOCAB = 96
 
 

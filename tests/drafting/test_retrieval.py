@@ -4,7 +4,7 @@ import random
 from pathlib import Path
 
 import pytest
-from helpers import tiny_model
+from helpers import TEST_DATA, tiny_model
 
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.bench.datasets import load_apibank
@@ -19,7 +19,6 @@ from toolspec.drafting.schema import SchemaDrafter
 from toolspec.library import CallLibrary
 from toolspec.model.packages import load_tokenizer
 
-DATA = Path(__file__).parent / "data"
 TOOLS = ToolSet.from_functions([
     {"name": "get_weather", "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]}},
@@ -124,7 +123,7 @@ def test_a_growing_library_raises_mat_over_the_schema_alone(tokenizer, tmp_path)
     the calls of the first 75 items the next 25 take fewer steps than with the schema alone
     (over the first items a library of a few calls proposes the wrong ones about as often as
     the schema's own choice of tool is wrong)."""
-    targets = reference_targets(tokenizer, load_apibank(DATA / "apibank-100.json"))
+    targets = reference_targets(tokenizer, load_apibank(TEST_DATA / "apibank-100.json"))
     schema = simulate(SchemaDrafter(tokenizer, PromptLookupDrafter()), targets, FixedBudget(16),
                       tokenizer)
     with CallLibrary(tmp_path / "cold", sync=False) as library:

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from helpers import REPO
 from ray import serve
 
 from deployments import AppConfig, LibraryConfig, ModelConfig, build_app
 from deployments.app.builder import ResponsesConfig
 
-ROOT = Path(__file__).parents[1]
-AGENTS_PYTHON = ROOT / ".venv-agents" / "bin" / "python"
+AGENTS_PYTHON = REPO / ".venv-agents" / "bin" / "python"
 MODEL = "qwen2.5-coder-0.5b"
 CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}},
                "required": ["city"], "additionalProperties": False}
@@ -56,7 +55,7 @@ def agent_app(ray_serve: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run_loop(base: str, framework: str, api: str, stream: bool) -> dict[str, Any]:
     session = f"{framework}-{api}-{'stream' if stream else 'plain'}"
-    command = [str(AGENTS_PYTHON), str(ROOT / "load_tests" / "agent_loops.py"),
+    command = [str(AGENTS_PYTHON), str(REPO / "load_tests" / "agent_loops.py"),
                "--base-url", base, "--model", MODEL, "--framework", framework, "--api", api,
                "--session", session, "--max-turns", str(MAX_TURNS), "--max-tokens", "128",
                *(["--stream"] if stream else [])]

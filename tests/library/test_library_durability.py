@@ -9,16 +9,17 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import REPO
+
 from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary
 
-ROOT = Path(__file__).parents[1]
 # Child processes load ``toolspec.library`` without running ``toolspec/__init__.py`` (which imports
 # torch, seconds of start-up): they register the package directory by hand.
 PRELUDE = f"""
 import sys, time, types
 package = types.ModuleType("toolspec")
-package.__path__ = [{str(ROOT / "toolspec")!r}]
+package.__path__ = [{str(REPO / "toolspec")!r}]
 sys.modules["toolspec"] = package
 from toolspec.calls.formats import ToolCall
 from toolspec.library import CallLibrary

@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).parents[1]
+from helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.real_model]
 
@@ -24,7 +22,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.real_model]
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("cluster")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "load_tests" / "cluster_faults.py"), "--out", str(out),
+        [sys.executable, str(REPO / "load_tests" / "cluster_faults.py"), "--out", str(out),
          "--clients", "4", "--seconds", "15", "--warmup-requests", "8",
          "--recovery-timeout-s", "150", "--timeout-s", "45", "--tensor-parallel"],
         capture_output=True, text=True, timeout=900)

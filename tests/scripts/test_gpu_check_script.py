@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).parents[1]
+from helpers import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.real_model]
 
@@ -30,9 +29,9 @@ def ray_processes() -> set[int]:
 
 def test_the_cpu_rehearsal_runs_every_phase_and_leaves_nothing_running(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run",
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--dry-run",
                            "--out", str(out)], capture_output=True, text=True, timeout=1500,
-                          cwd=ROOT)
+                          cwd=REPO)
     summary = json.loads((out / "summary.json").read_text())
     phases = {phase["name"]: phase for phase in summary["phases"]}
     assert done.returncode == 0, json.dumps(phases, indent=1)[-4000:]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import ScriptedDrafter, ToyTokenizer, tiny_model
+from helpers import REPO, ScriptedDrafter, ToyTokenizer, tiny_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from toolspec import Engine, GenerationParams, TargetModel
@@ -166,7 +166,7 @@ def test_the_cost_script_times_both_sizes_on_a_saved_model(tmp_path: Path) -> No
 
     saved = tmp_path / "tiny-qwen2"  # the cost curve draws tokens from 100 to vocab - 100
     tiny_model("qwen2", vocab_size=512).save_pretrained(saved)
-    script = Path(__file__).parent.parent / "scripts" / "tensor_parallel_cost.py"
+    script = REPO / "scripts" / "tensor_parallel_cost.py"
     out = tmp_path / "tp-cost.json"
     done = subprocess.run([sys.executable, str(script), "--model", str(saved),
                            "--dtype", "fp32", "--sizes", "1,2", "--json", str(out)],

@@ -3,17 +3,16 @@ what the builder builds."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from helpers import REPO
 from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from deployments import AppConfig, app_builder
 from deployments.routing.prefix_router import PREFIX_ROUTER
 
-CONFIG = Path(__file__).parent.parent / "serve_config.yaml"
+CONFIG = REPO / "serve_config.yaml"
 
 
 def test_serve_config_validates_and_matches_the_builder() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from helpers import REPO
 
 from toolspec.calls.formats import (
     COMPACT_STYLE,
@@ -35,7 +36,7 @@ from toolspec.library.keys import MAX_KEY, encode_score, shard_of
 from toolspec.library.query import successor
 from toolspec.library.records import unpack_record
 
-SAMPLE = Path(__file__).parents[1] / "toolspec/bench/datasets/samples/apibank-level1-sample.json"
+SAMPLE = REPO / "toolspec/bench/datasets/samples/apibank-level1-sample.json"
 WEATHER = ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})
 
 

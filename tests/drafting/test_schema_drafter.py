@@ -1,11 +1,10 @@
 """Schema-aware drafting: token-exact drafts, legal names only, lossless end to end."""
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import TEST_DATA, tiny_model
 
 from toolspec import Engine, GenerationParams, TargetModel
 from toolspec.bench.datasets import load_apibank, load_bfcl
@@ -19,8 +18,6 @@ from toolspec.drafting.text_drafts import NAME
 from toolspec.drafting.token_continuation import TokenContinuer
 from toolspec.model.packages import load_tokenizer
 
-DATA = Path(__file__).parent / "data"
-
 
 @pytest.fixture(scope="module")
 def qwen_tokenizer():
@@ -29,7 +26,7 @@ def qwen_tokenizer():
 
 @pytest.fixture(scope="module")
 def targets(qwen_tokenizer):
-    items = (load_apibank(DATA / "apibank-100.json") + load_bfcl("simple_python", 40)
+    items = (load_apibank(TEST_DATA / "apibank-100.json") + load_bfcl("simple_python", 40)
              + load_bfcl("multiple", 20) + load_bfcl("parallel", 25)
              + load_bfcl("parallel_multiple", 15))
     return reference_targets(qwen_tokenizer, items)

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "load_tests"))
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "load_tests"))
 
 from autoscale import summarize as summarize_autoscale  # noqa: E402
 from concurrency import RequestRecord, goals, summarize  # noqa: E402

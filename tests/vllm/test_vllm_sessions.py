@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from toolspec.bench.chains import drafting_request, replay_chains, replay_one
 from toolspec.bench.datasets import load_dataset
@@ -24,8 +25,7 @@ from toolspec.vllm.request import (
 )
 from toolspec.vllm.sessions import DraftSessions, SessionSettings, best_chain
 
-ROOT = Path(__file__).parents[1]
-RECORDED = ROOT / "docs" / "recorded" / "apibank-l1-first100.jsonl"
+RECORDED = REPO / "docs" / "recorded" / "apibank-l1-first100.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
+from helpers import REPO
 
 from deployments.ops.ready import wait_ready
 
-ROOT = Path(__file__).parent.parent
-sys.path.insert(0, str(ROOT / "load_tests"))
+sys.path.insert(0, str(REPO / "load_tests"))
 from local_ray import cli, free_port, ray_head  # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
@@ -36,7 +36,7 @@ READY_TIMEOUT_S = 900  # the model replica loads (and, on first use, converts) t
 
 def deploy_config(tmp_path: Path, http_port: int) -> Path:
     """``serve_config.yaml`` as shipped, but on ``http_port`` and with a fresh library."""
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http_port
     (application,) = config["applications"]
     application["args"]["library"]["path"] = str(tmp_path / "library")

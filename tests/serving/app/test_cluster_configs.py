@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import yaml
+from helpers import REPO
 from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 from ray.util.metrics import Metric
@@ -15,8 +15,7 @@ from ray.util.metrics import Metric
 from deployments import AppConfig
 from deployments.ops import metrics
 
-ROOT = Path(__file__).parent.parent
-CLUSTER = ROOT / "cluster"
+CLUSTER = REPO / "cluster"
 
 
 def test_ray_up_config_passes_the_autoscaler_schema() -> None:
@@ -41,7 +40,7 @@ def test_rayservice_embeds_the_gpu_serve_config_and_it_is_valid() -> None:
     embedded = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     assert embedded == yaml.safe_load((CLUSTER / "serve_config.gpu.yaml").read_text())
     (application,) = ServeDeploySchema.model_validate(embedded).applications
-    local = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+    local = yaml.safe_load((REPO / "serve_config.yaml").read_text())["applications"][0]
     assert application.import_path == local["import_path"]
     AppConfig.model_validate(application.args)
     deployments = {d.name: d for d in application.deployments}
