@@ -173,7 +173,10 @@ class LibraryCache:
         return await self._call(self.remote.stats()) is not None
 
     async def drain(self) -> None:
-        """Wait for the background fetches and sends started so far (tests, shutdown)."""
+        """Wait for the background fetches and sends started so far: the point a test waits
+        for. A replica shutting down does not wait (Serve's replica destructor is sync here):
+        calls still being sent are lost with it — the library is a cache of past calls, and
+        the calls themselves reached their client."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
