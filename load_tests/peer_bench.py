@@ -79,6 +79,11 @@ def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: 
     specs += [EngineSpec(f"toolspec-vllm-k{k}", "deployment",
                          {"engine": "vllm", "speculative_method": "toolspec",
                           "speculative_tokens": k}) for k in toolspec_tokens]
+    # Without the per-step cap on draft tokens (the shipped setting caps them at 32).
+    specs += [EngineSpec(f"toolspec-vllm-k{k}-uncapped", "deployment",
+                         {"engine": "vllm", "speculative_method": "toolspec",
+                          "speculative_tokens": k, "step_draft_tokens": None})
+              for k in toolspec_tokens]
     # vLLM without drafts behind this deployment: what its serving path (ingress, Ray hop,
     # call parsing) costs against vLLM's own server.
     specs.append(EngineSpec("deployment-vllm-plain", "deployment",

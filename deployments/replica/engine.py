@@ -61,6 +61,12 @@ class EngineSettings(BaseModel):
                                      "calibrated chance of being reached is lower (each "
                                      "verified token costs a row; on a compute-bound CPU, "
                                      "most)")
+    step_draft_tokens: int | None = Field(
+        32, ge=1, description="engine vllm, the ToolSpec proposer: draft tokens one step "
+                              "verifies across all its requests at most, the likeliest kept "
+                              "(each chain keeps a prefix); on a compute-bound machine every "
+                              "verified row costs, and a batch's unlikely tails cost most. "
+                              "null: no cap (each chain only by speculative_tokens)")
     kv_block_tokens: int | None = Field(
         32, ge=16, description="engine vllm: its KV block, the unit its prefix cache shares "
                                "(tool-calling prompts share long starts that end anywhere; "

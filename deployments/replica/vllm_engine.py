@@ -113,6 +113,14 @@ def engine_args(settings: EngineSettings) -> AsyncEngineArgs:
         **options)
 
 
+def proposer_environment(settings: EngineSettings) -> dict[str, str | None]:
+    """The ToolSpec proposer's settings as the variables its worker process reads
+    (``toolspec.vllm.proposer``; None: unset, its default)."""
+    return {"TOOLSPEC_PROPOSER_MIN_REACH": str(settings.min_reach),
+            "TOOLSPEC_PROPOSER_STEP_TOKENS": None if settings.step_draft_tokens is None
+            else str(settings.step_draft_tokens)}
+
+
 class VLLMChatEngine:
     """A replica's requests on one vLLM ``AsyncLLM``. Mutates: the engine's requests."""
 
@@ -126,7 +134,11 @@ class VLLMChatEngine:
         if settings.cpu_threads != "auto":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads
         # Read by the proposer in vLLM's worker process, which inherits this environment.
-        os.environ["TOOLSPEC_PROPOSER_MIN_REACH"] = str(settings.min_reach)
+        for name, value in proposer_environment(settings).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         self.args = engine_args(settings)
         self.tokenizer = load_tokenizer(settings.model)
         self.added_tokens = added_token_ids(self.tokenizer)
@@ -162,6 +174,7 @@ class VLLMChatEngine:
                 "dtype": dtype_name(self.args.dtype), "context_tokens": self.context_tokens,
                 "speculative_method": self.settings.speculative_method,
                 "speculative_tokens": self.settings.speculative_tokens,
+                "step_draft_tokens": self.settings.step_draft_tokens,
                 "tensor_parallel_size": self.settings.tensor_parallel_size,
                 # vLLM keeps prompt blocks in its KV cache (salted per tenant).
                 "prefix_cache": {"block_tokens": self.engine.vllm_config.cache_config.block_size,

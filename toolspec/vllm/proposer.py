@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from toolspec.model.packages import load_tokenizer
@@ -46,6 +47,17 @@ ATTACH_METHOD = "attach_toolspec_proposer"
 STATS_METHOD = "toolspec_proposer_stats"
 
 
+def session_settings(max_tokens: int, environment: Mapping[str, str]) -> SessionSettings:
+    """The proposer's settings: ``max_tokens`` (vLLM's ``num_speculative_tokens``) and the
+    ``TOOLSPEC_PROPOSER_*`` variables of ``environment`` (the module's docstring)."""
+    return SessionSettings(
+        max_tokens=max_tokens,
+        method=environment.get("TOOLSPEC_PROPOSER_METHOD", DEFAULT_METHOD),
+        min_reach=float(environment.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.3")),
+        tree_nodes=int(environment.get("TOOLSPEC_PROPOSER_TREE_NODES", "4")),
+        step_tokens=_optional_int(environment.get("TOOLSPEC_PROPOSER_STEP_TOKENS")))
+
+
 class ToolSpecProposer:
     """vLLM's ``custom_class`` proposer: one draft chain per running request per step, from the
     request's ToolSpec drafter (``DraftSessions``). Runs in vLLM's worker process, on its step
@@ -53,12 +65,8 @@ class ToolSpecProposer:
 
     def __init__(self, vllm_config: Any) -> None:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        settings = SessionSettings(
-            max_tokens=int(vllm_config.speculative_config.num_speculative_tokens),
-            method=os.environ.get("TOOLSPEC_PROPOSER_METHOD", DEFAULT_METHOD),
-            min_reach=float(os.environ.get("TOOLSPEC_PROPOSER_MIN_REACH", "0.3")),
-            tree_nodes=int(os.environ.get("TOOLSPEC_PROPOSER_TREE_NODES", "4")),
-            step_tokens=_optional_int(os.environ.get("TOOLSPEC_PROPOSER_STEP_TOKENS")))
+        settings = session_settings(
+            int(vllm_config.speculative_config.num_speculative_tokens), os.environ)
         self.sessions = DraftSessions(load_tokenizer(vllm_config.model_config.tokenizer),
                                       settings)
         self._runner: Any = None

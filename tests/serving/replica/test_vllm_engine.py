@@ -228,3 +228,20 @@ def test_a_dead_engine_process_makes_the_engine_unhealthy(loop) -> None:
             engine.check_health()
     finally:
         engine.close()
+
+
+def test_the_proposer_reads_the_replicas_drafting_settings() -> None:
+    """What the replica puts in the environment of vLLM's worker is what the proposer there
+    drafts by: the per-step cap on draft tokens (none when unset) and ``min_reach``."""
+    from deployments.replica.vllm_engine import proposer_environment
+    from toolspec.vllm.proposer import session_settings
+
+    def through(settings: EngineSettings) -> tuple[int | None, float]:
+        environment = {name: value for name, value in proposer_environment(settings).items()
+                       if value is not None}
+        drafted = session_settings(settings.speculative_tokens, environment)
+        return drafted.step_tokens, drafted.min_reach
+
+    assert through(EngineSettings(engine="vllm")) == (32, 0.3)  # the shipped defaults
+    assert through(EngineSettings(engine="vllm", step_draft_tokens=None,
+                                  min_reach=0.5)) == (None, 0.5)
