@@ -11,7 +11,8 @@ gap is within bf16's rounding of a logit, a few hundredths).
 
 Greedy speculative decoding on vLLM keeps the target's argmax at every position, so an output
 can only differ where a forward over a draft (several rows) rounds a logit differently from a
-one-row forward — in bf16 on CPU, at near-ties; in fp32, never (``tests/serving/replica/test_vllm_engine.py``).
+one-row forward — in bf16 on CPU, at near-ties; in fp32, never
+(``tests/serving/replica/test_vllm_engine.py``).
 vLLM's batch-invariant mode (``--batch-invariant``: ``VLLM_BATCH_INVARIANT=1``) needs its Triton
 kernels, i.e. a GPU.
 
