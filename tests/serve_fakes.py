@@ -83,8 +83,10 @@ class ScriptedChatEngine:
             parse.feed(piece)
             stats = None
             if number:
-                stats = StepStats(len(ids) + 2, len(ids) - 1, len(ids), 0.0, 0.0, 0.0,
-                                  {"schema": len(ids) - 1})
+                # Timed as a real step is (the draft and the forward it stands for: step_s,
+                # at least a millisecond), so its timings reach the metrics in any test order.
+                stats = StepStats(len(ids) + 2, len(ids) - 1, len(ids), 0.0005,
+                                  max(self.step_s, 0.001), 0.0, {"schema": len(ids) - 1})
                 steps.append(stats)
             generation = None
             if number == len(pieces) - 1:
