@@ -97,11 +97,13 @@ $(AGENTS_STAMP): Makefile
 	touch $(AGENTS_STAMP)
 
 # The full suite (CI runs it): real weights, local Ray, HTTP end to end, the agent frameworks, a
-# multi-node cluster, the GPU script's CPU rehearsal, vLLM's engine (marker vllm); about 26
-# minutes on 2 cores (CI, 2026-12-07). Slowest: the GPU script's rehearsal (~4 min), the deploy
-# of the root serve_config.yaml (~2.5 min: vLLM compiles its graph once), the multi-node
-# cluster's start (~2.3 min), the vLLM engine's tests (~3 min together), a two-rank replica
-# losing a rank (~1.2 min). pytest lists the 15 slowest after each run.
+# multi-node cluster, the GPU script's CPU rehearsal, vLLM's engine (marker vllm); about 26.5
+# minutes of tests on 2 cores (a fresh clone, 2026-12-07). Slowest ten: the GPU script's
+# rehearsal 312 s, the root serve_config.yaml's deploy 153 s (vLLM compiles its graph), the
+# multi-node cluster's start 130 s, vLLM engine identity 84 s + its engines' start 77 s, a
+# two-rank replica losing a rank 75 s, the agent frameworks' deploy 56 s, a resumed bench run
+# 54 s, the demo 40 s, the default model's calls over HTTP 33 s. pytest lists the 15 slowest
+# after each run.
 test: install agents-venv
 	$(PY) -m pytest -q --durations=15
 
