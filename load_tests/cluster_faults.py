@@ -18,7 +18,12 @@ directory; on KubeRay the persistent volume). Phases, each bounded in time:
    how long until two replicas run again after the node returned;
 4. **the library's node lost**: the calls the library holds are counted, worker 2 (the library
    and the other replica) is removed, requests go on (lookups fail fast), a node with the
-   library's resource is added; the actor restarts there and the calls are counted again.
+   library's resource is added; the actor restarts there and the calls are counted again;
+5. **a two-rank replica** (``--tensor-parallel``: the default model's real weights, split in
+   two): both ranks on the one node with ``toolspec-tp`` (``STRICT_PACK``); its worker rank
+   killed (``ray.kill``), the replica fails its health check and Serve builds a new group that
+   answers; then that node lost, the whole group comes back on the next such node. Each
+   answer's call is recorded.
 
 Prints and writes ``results.json`` in ``--out``. ``--engine scripted`` (default: a scripted
 engine, no model: what is measured is the serving system's fault handling) or ``real`` (the
@@ -38,6 +43,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +130,14 @@ def placement(nodes: dict[str, str], app: str = "cluster") -> dict[str, list[str
 def model_replicas_running(app: str = "cluster") -> int:
     status = serve.status().applications[app].deployments["ModelServer"]
     return status.replica_states.get("RUNNING", 0)
+
+
+def replicas_back(nodes: dict[str, str], lost: str, app: str = "cluster",
+                  replicas: int = 2) -> bool:
+    """``replicas`` model replicas run, none on the ``lost`` node (right after a node is lost,
+    Serve still counts its replica as running until its health check fails)."""
+    placed = placement(nodes, app).get("ModelServer", [])
+    return model_replicas_running(app) == replicas and lost not in placed
 
 
 def wait_until(condition: Any, timeout_s: float, pause_s: float = 0.5) -> float | None:
@@ -225,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workers["worker-3"] = cluster.add_node(num_cpus=args.cpus_per_node,
                                                resources=dict(WORKER))
         nodes[workers["worker-3"].node_id] = "worker-3"
-        back = wait_until(lambda: model_replicas_running() == 2, args.recovery_timeout_s)
+        back = wait_until(lambda: replicas_back(nodes, "worker-1"), args.recovery_timeout_s)
         report["replica_node_lost"] = {
             **tally(outcomes),
             "full_capacity_after_node_added_s": None if back is None else round(back, 1),
@@ -241,15 +255,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nodes[workers["worker-4"].node_id] = "worker-4"
         restarted = wait_until(lambda: library_calls() >= 0, args.recovery_timeout_s)
         after = library_calls() if restarted is not None else None
-        replicas_back = wait_until(lambda: model_replicas_running() == 2,
-                                   args.recovery_timeout_s)
+        capacity = wait_until(lambda: replicas_back(nodes, "worker-2"),
+                              args.recovery_timeout_s)
         report["library_node_lost"] = {
             **tally(outcomes), "calls_before": before, "calls_after": after,
             "calls_lost": None if after is None else max(0, before - after),
             "library_back_after_node_added_s": None if restarted is None
             else round(restarted, 1),
-            "full_capacity_after_node_added_s": None if replicas_back is None
-            else round(restarted + replicas_back, 1),
+            "full_capacity_after_node_added_s": None if capacity is None
+            else round(restarted + capacity, 1),
             "placement_after": placement(nodes)}
         if args.tensor_parallel:
             report["tensor_parallel"] = split_replica(cluster, workers, nodes, url, args)
@@ -263,30 +277,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def split_replica(cluster: Cluster, workers: dict[str, Any], nodes: dict[str, str], url: str,
                   args: argparse.Namespace) -> dict[str, Any]:
     """A two-rank replica of the default model (real weights, fp32) on the one node with the
-    ``toolspec-tp`` resource: both ranks there (STRICT_PACK); that node lost, the whole group
-    comes back on the next such node."""
+    ``toolspec-tp`` resource: both ranks there (STRICT_PACK); its worker rank killed, a new
+    group answers; that node lost, the whole group comes back on the next such node."""
+    from deployments.replica.tensor_parallel_group import WORKER_NAME_PREFIX
+
     tp = {"toolspec-tp": 0.5}  # per rank: a node with toolspec-tp 1 holds both
-    for name in ("worker-5",):
-        workers[name] = cluster.add_node(num_cpus=args.cpus_per_node, resources={"toolspec-tp": 1})
-        nodes[workers[name].node_id] = name
+    workers["worker-5"] = cluster.add_node(num_cpus=args.cpus_per_node,
+                                           resources={"toolspec-tp": 1})
+    nodes[workers["worker-5"].node_id] = "worker-5"
     config = AppConfig(model=ModelConfig(model=MODEL, dtype="float32", draft_budget=7,
                                          num_cpus=0.5, tensor_parallel_size=2, resources=tp),
                        library=LibraryConfig(enabled=False), responses=ResponsesConfig(
                            enabled=False), ingress_resources={"toolspec-head": 0.1},
                        default_max_tokens=24)
     serve.run(build_app(config), name="split", route_prefix="/split")
-    answered = answers(f"{url}/split")
+    base = f"{url}/split"
+    calls = [answered_call(base)]
     before = placement(nodes, "split")
+
+    def rank_workers() -> list[dict[str, str]]:
+        return [actor for actor in ray.util.list_named_actors(all_namespaces=True)
+                if actor["name"].startswith(WORKER_NAME_PREFIX)]
+
+    (killed,) = rank_workers()
+    ray.kill(ray.get_actor(killed["name"], namespace=killed["namespace"]), no_restart=True)
+    # The next health check fails the replica; Serve builds a new group (a new worker name).
+    rebuilt, call = answered_once(base, lambda: any(
+        worker["name"] != killed["name"] for worker in rank_workers()), args.recovery_timeout_s)
+    calls.append(call)
+    after_kill = placement(nodes, "split")
     cluster.remove_node(workers.pop("worker-5"), allow_graceful=False)
     workers["worker-6"] = cluster.add_node(num_cpus=args.cpus_per_node,
                                            resources={"toolspec-tp": 1})
     nodes[workers["worker-6"].node_id] = "worker-6"
-    back = wait_until(lambda: model_replicas_running("split") == 1 and answers(
-        f"{url}/split"), args.recovery_timeout_s * 2, pause_s=3)
+    back, call = answered_once(base, lambda: replicas_back(nodes, "worker-5", "split", 1),
+                               args.recovery_timeout_s)
+    calls.append(call)
     after = placement(nodes, "split")
     serve.delete("split")
-    return {"answered_before": answered, "answered_after_node_added_s": None if back is None
-            else round(back, 1), "ranks_before": _ranks(before), "ranks_after": _ranks(after)}
+    return {"answered_before": calls[0] is not None,
+            "answered_after_rank_killed_s": None if rebuilt is None else round(rebuilt, 1),
+            "answered_after_node_added_s": None if back is None else round(back, 1),
+            "ranks_before": _ranks(before), "ranks_after_rank_killed": _ranks(after_kill),
+            "ranks_after": _ranks(after), "calls": calls}
 
 
 def _ranks(placed: dict[str, list[str]]) -> list[str]:
@@ -294,14 +327,34 @@ def _ranks(placed: dict[str, list[str]]) -> list[str]:
     return sorted(placed.get("ModelServer", []) + placed.get("RankWorker", []))
 
 
-def answers(base: str) -> bool:
+def answered_once(base: str, ready: Callable[[], bool], timeout_s: float
+                  ) -> tuple[float | None, tuple[str, Any] | None]:
+    """Seconds until ``ready()`` holds and a required call is answered (None: not within
+    ``timeout_s`` times two: the group reloads the weights), and that call."""
+    answer: list[tuple[str, Any] | None] = [None]
+
+    def answered() -> bool:
+        if not ready():
+            return False
+        answer[0] = answered_call(base)
+        return answer[0] is not None
+
+    return wait_until(answered, timeout_s * 2, pause_s=3), answer[0]
+
+
+def answered_call(base: str) -> tuple[str, Any] | None:
+    """The call (name, arguments) a required-call request for Oslo's weather got, or None."""
     try:
         reply = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
             **request_payload(0, 24), "tool_choice": "required"})
     except httpx.HTTPError:
-        return False
-    return reply.status_code == 200 and bool(
-        reply.json()["choices"][0]["message"].get("tool_calls"))
+        return None
+    if reply.status_code != 200:
+        return None
+    calls = reply.json()["choices"][0]["message"].get("tool_calls") or []
+    if not calls:
+        return None
+    return calls[0]["function"]["name"], json.loads(calls[0]["function"]["arguments"])
 
 
 def main() -> int:

@@ -249,13 +249,12 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
-                replicas: int = 1, routing: str = "prefix_aware",
-                prefix_cache_bytes: int | None = None) -> None:
-    """``serve deploy`` ``config`` with ``replicas`` fixed replicas routed by ``routing`` (and
-    another prefix-cache size, if given) and the ModelServer in plain mode (``draft_budget``
-    0) or drafting, then wait until a request is answered in that mode."""
-    document = yaml.safe_load(config.read_text())
+def mode_config(document: dict[str, Any], draft_budget: int | str, replicas: int = 1,
+                routing: str = "prefix_aware",
+                prefix_cache_bytes: int | None = None) -> dict[str, Any]:
+    """The serve config ``document`` as one mode deploys it: ``replicas`` fixed replicas routed
+    by ``routing`` (and another prefix-cache size, if given), the ModelServer in plain mode
+    (``draft_budget`` 0) or drafting. Mutates: ``document`` (returned)."""
     for app in document["applications"]:
         model_args = app.setdefault("args", {}).setdefault("model", {})
         model_args.pop("autoscaling", None)
@@ -272,6 +271,16 @@ def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
         for deployment in app.get("deployments", ()):
             if deployment.get("name") == "ModelServer":
                 deployment.setdefault("user_config", {}).update(mode)
+    return document
+
+
+def switch_mode(config: Path, draft_budget: int | str, url: str, model: str,
+                replicas: int = 1, routing: str = "prefix_aware",
+                prefix_cache_bytes: int | None = None) -> None:
+    """``serve deploy`` ``config`` as ``mode_config`` makes it, then wait until a request is
+    answered in that mode (a deploy that changes nothing restarts nothing)."""
+    document = mode_config(yaml.safe_load(config.read_text()), draft_budget, replicas, routing,
+                           prefix_cache_bytes)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump(document, handle)
     serve = Path(sys.executable).parent / "serve"

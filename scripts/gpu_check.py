@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ import yaml
 
 ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "load_tests"))
+from concurrency import mode_config  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,12 @@ class Settings:
 # Under 9.5 minutes in all: the limits add up to 560 s.
 CUDA = Settings("qwen2.5-coder-0.5b", "bf16", 256, 10, 128, "1,8,32", 15.0, 1.0,
                 {"tests": 80, "cost_curve": 40, "bench": 100, "serve": 140, "vllm": 200})
-# The rehearsal: one level, one vLLM engine, nothing compiled: the plumbing, in CI time.
+# The rehearsal: one level, one vLLM engine, nothing compiled: the plumbing, in CI time. Its
+# serve phase runs the project's own engine (it switches modes in place; vLLM's would start
+# twice more): vLLM behind the deployment is the vllm phase's, and the suite's.
 REHEARSAL = Settings("smollm2-135m", "fp32", 8, 1, 16, "1", 3.0, 0.0,
                      {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420,
-                      "vllm": 300}, "vllm", "1", 3.0,
-                     {"compile": False, "kv_cache_gib": 1})
+                      "vllm": 300}, "vllm", "1", 3.0, {"engine": "toolspec"})
 
 
 @dataclass
@@ -168,20 +172,35 @@ def _bench_sets(settings: Settings, out: Path, phase: Phase) -> tuple[str, dict[
     return "ok", tables
 
 
+def serve_config(settings: Settings, http_port: int) -> dict[str, Any]:
+    """``serve_config.yaml`` serving ``settings.model`` on this machine's accelerator, already
+    as the load's first mode (plain, one replica) deploys it, so the load's own deploy of that
+    mode restarts nothing. The model, dtype and GPUs are set where the replica reads them: the
+    builder's ``args.model`` and the ModelServer's ``user_config`` and ``ray_actor_options``
+    (values under ``deployments:`` override the builder's, and a ``user_config`` naming
+    another model would reload it)."""
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = http_port
+    (application,) = config["applications"]
+    application["args"]["served_model_name"] = settings.model
+    loaded = {"model": settings.model, "dtype": settings.dtype}
+    application["args"]["model"].update({**loaded, "num_gpus": settings.num_gpus,
+                                         **settings.serve_model})
+    (server,) = [d for d in application["deployments"] if d["name"] == "ModelServer"]
+    server.setdefault("user_config", {}).update(loaded)
+    server.setdefault("ray_actor_options", {})["num_gpus"] = settings.num_gpus
+    return mode_config(config, draft_budget=0)
+
+
 def serve(settings: Settings, out: Path) -> Phase:
-    """The served system on this machine's accelerator, and the concurrency load: on a Ray of
-    its own (its own ports and temp dir, stopped by its own processes), so no other Ray on the
-    machine is touched."""
+    """The served system on this machine's accelerator, and the concurrency load (plain first,
+    then toolspec, level by level): on a Ray of its own (its own ports and temp dir, stopped by
+    its own processes), so no other Ray on the machine is touched."""
     phase = Phase("serve")
     ports = [free_port() for _ in range(3)]
-    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = ports[2]
-    args = config["applications"][0]["args"]
-    args["served_model_name"] = settings.model
-    args["model"].update({"model": settings.model, "dtype": settings.dtype,
-                          "num_gpus": settings.num_gpus, **settings.serve_model})
     generated = out / "serve_config.yaml"
-    generated.write_text(yaml.safe_dump(config, sort_keys=False))
+    generated.write_text(yaml.safe_dump(serve_config(settings, ports[2]), sort_keys=False))
+    url = f"http://127.0.0.1:{ports[2]}"
     temp = Path(tempfile.mkdtemp(prefix="tsgpu-"))  # short: Ray's socket paths
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{ports[0]}",
            "RAY_DASHBOARD_ADDRESS": f"http://127.0.0.1:{ports[1]}",
@@ -199,13 +218,14 @@ def serve(settings: Settings, out: Path) -> Phase:
         left = max(30.0, limit - (time.monotonic() - began))
         done = run_phase(phase, [
             str(BIN / "python"), "load_tests/concurrency.py", "--model", settings.model,
-            "--url", f"http://127.0.0.1:{ports[2]}", "--config", str(generated),
-            "--levels", settings.levels, "--modes", "toolspec,plain", "--seconds",
-            str(settings.load_seconds), "--warmup", "2", "--bfcl", "simple_python:4",
-            "--out", str(out / "concurrency")], left, out, env)
+            "--url", url, "--config", str(generated), "--levels", settings.levels,
+            "--modes", "plain,toolspec", "--seconds", str(settings.load_seconds),
+            "--max-tokens", str(settings.max_new_tokens), "--warmup", "2",
+            "--bfcl", "simple_python:4", "--out", str(out / "concurrency")], left, out, env)
         report = out / "concurrency" / "results.json"
         if done is not None and report.is_file():
-            phase.figures = json.loads(report.read_text()).get("levels", {})
+            phase.figures = {"deployed": deployed(url),
+                             **json.loads(report.read_text()).get("levels", {})}
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         detail = getattr(error, "stderr", b"") or b""
         phase.status = "failed"
@@ -217,6 +237,14 @@ def serve(settings: Settings, out: Path) -> Phase:
         stop_processes_under(temp)
     phase.seconds = round(time.monotonic() - began, 1)
     return phase
+
+
+def deployed(url: str) -> dict[str, Any]:
+    """What the deployment says it serves (``/v1/models``: engine, model, dtype, device)."""
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as answer:
+        (model,) = json.loads(answer.read())["data"]
+    return {key: model.get(key) for key in ("id", "root", "engine", "dtype", "device",
+                                             "speculative_method")}
 
 
 def vllm(settings: Settings, cuda: bool, out: Path) -> Phase:

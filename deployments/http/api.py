@@ -122,6 +122,8 @@ def create_api(client: ModelClient, policy: AdmissionPolicy,
         extra = {} if described is None else {
             "root": described.get("model"), "max_model_len": described.get("context_tokens"),
             "dtype": described.get("dtype"), "engine": described.get("engine"),
+            "device": described.get("device"),
+            "speculative_method": described.get("speculative_method"),
             # How the replicas run it: ranks per replica, and bitwise plain decoding in bf16.
             "tensor_parallel_size": described.get("tensor_parallel_size", 1),
             "exact_bf16": described.get("exact_bf16", False),

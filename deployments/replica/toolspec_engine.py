@@ -81,7 +81,7 @@ class ToolSpecChatEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "engine": "toolspec",
-                "dtype": dtype_name(self.loaded.dtype),
+                "dtype": dtype_name(self.loaded.dtype), "device": self.loaded.device.type,
                 "context_tokens": self.loaded.model.config.max_position_embeddings,
                 "draft_budget": self.settings.draft_budget,
                 "step_rows": self.engine.step_rows,

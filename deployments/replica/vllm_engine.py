@@ -171,7 +171,9 @@ class VLLMChatEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.settings.model, "engine": "vllm",
-                "dtype": dtype_name(self.args.dtype), "context_tokens": self.context_tokens,
+                "dtype": dtype_name(self.args.dtype),
+                "device": self.engine.vllm_config.device_config.device_type,
+                "context_tokens": self.context_tokens,
                 "speculative_method": self.settings.speculative_method,
                 "speculative_tokens": self.settings.speculative_tokens,
                 "step_draft_tokens": self.settings.step_draft_tokens,

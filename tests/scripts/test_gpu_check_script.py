@@ -42,7 +42,12 @@ def test_the_cpu_rehearsal_runs_every_phase_and_leaves_nothing_running(tmp_path:
     assert set(phases["bench"]["figures"]) == {"apibank-l1", "bfcl-simple_python"}
     for table in phases["bench"]["figures"].values():
         assert set(table) == {"ar", "suffix", "toolspec"}
-    assert set(phases["serve"]["figures"]) == {"toolspec", "plain"}
+    assert set(phases["serve"]["figures"]) == {"deployed", "toolspec", "plain"}
+    # The replica serves the rehearsal's model and engine where the script put them (a
+    # ModelServer user_config naming the shipped model once reloaded that one instead).
+    assert phases["serve"]["figures"]["deployed"] == {
+        "id": "smollm2-135m", "root": "smollm2-135m", "engine": "toolspec", "dtype": "fp32",
+        "device": "cpu", "speculative_method": None}
     assert phases["serve"]["figures"]["plain"]["1"]["mat"] == 1.0  # no speculation in plain
     assert phases["vllm"]["figures"]["vllm"]["1"]["completion_tokens_per_s"] > 0
     assert (out / "summary.md").read_text().startswith("# GPU check (cpu rehearsal")

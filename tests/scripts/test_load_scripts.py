@@ -14,7 +14,7 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "load_tests"))
 
 from autoscale import summarize as summarize_autoscale  # noqa: E402
-from concurrency import RequestRecord, goals, summarize  # noqa: E402
+from concurrency import RequestRecord, goals, mode_config, summarize  # noqa: E402
 
 from toolspec.bench.datasets import apibank_file  # noqa: E402
 
@@ -38,6 +38,26 @@ def test_a_levels_summary_counts_rows_cache_hits_and_inter_token_latency() -> No
     assert summary["inter_token_p50_s"] == 0.1 and summary["inter_token_p99_s"] == 0.1
     assert summary["repeated_tools_ttft_p50_s"] == 0.5  # the second request of tool set "a"
     assert summary["completion_tokens_per_s"] == 33 / 6.5
+
+
+def test_each_mode_deploys_the_config_with_only_its_drafting_changed() -> None:
+    """Plain decoding: vLLM's engine without a speculative method (a reload), the project's
+    engine with no draft budget (in place); both with fixed replicas and no autoscaling."""
+    import yaml
+
+    def deployed(engine: str, draft_budget: int | str) -> tuple[dict, dict]:
+        document = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+        document["applications"][0]["args"]["model"]["engine"] = engine
+        (app,) = mode_config(document, draft_budget, replicas=2)["applications"]
+        (server,) = [d for d in app["deployments"] if d["name"] == "ModelServer"]
+        return app["args"]["model"], server["user_config"]
+
+    model, user_config = deployed("vllm", 0)
+    assert user_config["speculative_method"] == "none" and "autoscaling" not in model
+    assert model["replicas"] == 2 and model["routing"] == "prefix_aware"
+    assert deployed("vllm", "auto")[1]["speculative_method"] == model["speculative_method"]
+    assert deployed("toolspec", 0)[1]["draft_budget"] == 0
+    assert deployed("toolspec", "auto")[1]["draft_budget"] == "auto"
 
 
 def test_goals_read_the_levels_they_need() -> None:

@@ -3,8 +3,9 @@ raylets on this machine), driven by ``load_tests/cluster_faults.py`` in a proces
 (its own cluster, apart from the session's one-node Ray): placement by the config's resources,
 HTTP end to end across nodes, a replica's node lost under load, the library's node lost with
 every committed call kept (a scripted engine, no model: what is tested is the serving system's
-placement and fault handling), and a two-rank replica of the default model placed on one node
-and replaced as one group when that node is lost. Bounded to about four minutes."""
+placement and fault handling), and a two-rank replica of the default model placed on one node,
+rebuilt when its worker rank is killed and replaced as one group when that node is lost.
+Bounded to about four minutes."""
 
 from __future__ import annotations
 
@@ -64,8 +65,14 @@ def test_losing_the_librarys_node_keeps_every_committed_call(report: dict) -> No
 
 
 def test_a_two_rank_replica_is_placed_and_replaced_as_one_group(report: dict) -> None:
+    """Both ranks on the one ``toolspec-tp`` node; a killed worker rank fails the replica's
+    health check and Serve builds a new group there; that node lost, the whole group comes back
+    on the next one. Every answer is the call the whole model makes (get_weather, Oslo)."""
     split = report["tensor_parallel"]
     assert split["answered_before"], split
     assert split["ranks_before"] == ["worker-5", "worker-5"]  # STRICT_PACK: one node
+    assert split["answered_after_rank_killed_s"] is not None, split
+    assert split["ranks_after_rank_killed"] == ["worker-5", "worker-5"]
     assert split["ranks_after"] == ["worker-6", "worker-6"]  # the whole group, elsewhere
     assert split["answered_after_node_added_s"] is not None
+    assert split["calls"] == [["get_weather", {"city": "Oslo"}]] * 3, split

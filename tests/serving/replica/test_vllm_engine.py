@@ -99,7 +99,7 @@ def _apibank(count: int) -> list[ChatRequest]:
 def test_outputs_equal_vllm_plain_alone_and_batched(loop, engines) -> None:
     """The same requests through the ToolSpec proposer and through plain vLLM, one at a time
     and all at once: identical texts; the proposer's drafts were accepted."""
-    requests = _apibank(6)
+    requests = _apibank(4)
 
     async def both():
         alone = [await _run(engines["toolspec"], request) for request in requests]
