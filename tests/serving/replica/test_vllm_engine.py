@@ -90,10 +90,10 @@ async def _run(engine, request: ChatRequest, library: CallLibrary | None = None)
     raise AssertionError("no generation")
 
 
-def _apibank(count: int) -> list[ChatRequest]:
+def _apibank(count: int, max_tokens: int = 64) -> list[ChatRequest]:
     items = load_dataset("apibank:level-1", limit=count, skip=200)  # never tuned on
     return [_request(item.id, list(item.messages), [tool.openai() for tool in item.tools],
-                     max_tokens=64) for item in items]
+                     max_tokens=max_tokens) for item in items]
 
 
 def test_outputs_equal_vllm_plain_alone_and_batched(loop, engines) -> None:
@@ -169,7 +169,7 @@ def test_a_request_whose_drafting_fails_decodes_without_drafts(loop, engines) ->
     from toolspec.vllm.request import EXTRA_ARGS_KEY
 
     engine = engines["toolspec"]
-    requests = _apibank(2)
+    requests = _apibank(2, max_tokens=32)
     broken = requests[0]
     plan = engine.plan(broken)
     params = engine.sampling_params(broken, plan, None)
