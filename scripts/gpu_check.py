@@ -240,9 +240,13 @@ def serve(settings: Settings, out: Path) -> Phase:
 
 
 def deployed(url: str) -> dict[str, Any]:
-    """What the deployment says it serves (``/v1/models``: engine, model, dtype, device)."""
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as answer:
-        (model,) = json.loads(answer.read())["data"]
+    """What the deployment says it serves (``/v1/models``: engine, model, dtype, device), or
+    why it could not be read (the phase's figures are kept either way)."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as answer:
+            (model,) = json.loads(answer.read())["data"]
+    except (OSError, ValueError) as error:  # urllib's URLError is an OSError
+        return {"error": f"/v1/models: {error}"}
     return {key: model.get(key) for key in ("id", "root", "engine", "dtype", "device",
                                              "speculative_method")}
 
