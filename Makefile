@@ -40,8 +40,12 @@ $(STAMP): pyproject.toml Makefile
 # Local Ray (head node on this machine), the app from serve_config.yaml, then wait until the
 # model answers and print how to call it. SERVE_URL must match http_options in the config.
 SERVE_URL ?= http://127.0.0.1:8000
+# Ray starts its worker processes (Serve's replicas and the engine processes they start) at
+# nice 15 unless told otherwise: then the model's compute yields to any other process on the
+# machine. RAY_worker_niceness=0 runs them at normal priority (docs/serving.md, "Replicas and
+# scheduling").
 serve: install
-	$(VENV)/bin/ray status >/dev/null 2>&1 || $(VENV)/bin/ray start --head --disable-usage-stats
+	$(VENV)/bin/ray status >/dev/null 2>&1 || RAY_worker_niceness=0 $(VENV)/bin/ray start --head --disable-usage-stats
 	$(VENV)/bin/serve deploy serve_config.yaml
 	$(PY) -m deployments.ops.ready --url $(SERVE_URL)
 

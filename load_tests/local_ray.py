@@ -130,14 +130,16 @@ def _start_head(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, Path,
 
 
 @contextmanager
-def ray_head(log_dir: Path, attempts: int = 3) -> Iterator[RayHead]:
+def ray_head(log_dir: Path, attempts: int = 3, worker_niceness: int = 0) -> Iterator[RayHead]:
     """A Ray head of its own for the block's duration; stopped (all its processes) after.
     Ray waits a fixed 30 s for its raylet to register, which a starved machine can miss: a
-    head that fails to start is started again, ``attempts`` times in all."""
+    head that fails to start is started again, ``attempts`` times in all. Its workers run at
+    ``worker_niceness`` (as ``make serve`` starts them: 0; Ray's own default is 15)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_ADDRESS")}
     # No drain wait on SIGTERM (Serve is shut down first). The agents and the dashboard (and
     # its modules) get 5 min to start, not 30-60 s, which a loaded 2-core machine can exceed.
     env.update(RAY_AUTH_MODE="disabled", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+               RAY_worker_niceness=str(worker_niceness),
                RAY_agent_register_timeout_ms="300000", RAY_DASHBOARD_STARTUP_TIMEOUT_S="300",
                RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="300",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))

@@ -246,9 +246,10 @@ def spec_counters(url: str) -> tuple[float, float]:
 
 @contextmanager
 def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path,
-               gpu: bool = False, eager: bool = False):
+               gpu: bool = False, eager: bool = False, worker_niceness: int = 0):
     """This deployment (``serve_config.yaml`` with ``spec``'s model settings, one replica
-    (on the GPU with ``gpu``), the library in ``work``) on a Ray head of its own."""
+    (on the GPU with ``gpu``), the library in ``work``) on a Ray head of its own, whose
+    workers run at ``worker_niceness``."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     http_port = free_port()
     config["http_options"]["port"] = http_port
@@ -269,7 +270,7 @@ def deployment(spec: EngineSpec, threads: str, kv_cache_gib: float, work: Path,
     path = work / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     url = f"http://127.0.0.1:{http_port}"
-    with ray_head(work) as head:
+    with ray_head(work, worker_niceness=worker_niceness) as head:
         serve = cli("serve")
         subprocess.run([serve, "deploy", "--address", head.dashboard, str(path)], env=head.env,
                        check=True, timeout=300, capture_output=True)
@@ -325,7 +326,7 @@ def measure(spec: EngineSpec, args: argparse.Namespace, sessions: list[dict[str,
     else:
         with tempfile.TemporaryDirectory(prefix=f"peer-{spec.name}-") as work, \
                 deployment(spec, args.threads, args.kv_cache_gib, Path(work), args.gpu,
-                           args.eager) as url:
+                           args.eager, args.ray_worker_niceness) as url:
             for level in levels:
                 one_level(url, level, f"peer-{spec.name}-{level}-{run_id}")
     return results
@@ -501,6 +502,9 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="engines on the GPU")
     parser.add_argument("--eager", action="store_true",
                         help="no graph compilation in any engine (quick starts, slower steps)")
+    parser.add_argument("--ray-worker-niceness", type=int, default=0,
+                        help="niceness of the deployment's Ray workers (its replicas and "
+                        "engine processes): 0 as `make serve` starts them; 15 is Ray's default")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "peer")
     args = parser.parse_args()
     specs = engines([int(k) for k in args.suffix_tokens.split(",")],
@@ -532,8 +536,9 @@ def main() -> int:
         identity = compare(results)
         saved.write_text(json.dumps({
             "model": args.model, "levels": levels, "max_tokens": args.max_tokens,
-            "threads": args.threads, "apibank": str(args.apibank),
-            "apibank_skip": args.apibank_skip, "bfcl": bfcl, "sessions": len(sessions),
+            "threads": args.threads, "ray_worker_niceness": args.ray_worker_niceness,
+            "apibank": str(args.apibank), "apibank_skip": args.apibank_skip, "bfcl": bfcl,
+            "sessions": len(sessions),
             "specs": specs_run, "identity": identity,
             "engines": results}, indent=1))
     identity = compare(results)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 import yaml
 from helpers import REPO
@@ -69,6 +70,7 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
                 model=MODEL, input="What is the weather in Paris?", max_output_tokens=64,
                 tools=[{"type": "function", **WEATHER["function"]}])
             described = client.models.list().data[0].model_extra
+            model_niceness = {process.nice() for process in _model_replica_processes()}
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(
                     model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "hi"}],
@@ -85,6 +87,8 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
     assert reply.model_extra["toolspec"]["steps"] >= 1
     # The shipped engine: vLLM's, drafting with the ToolSpec proposer.
     assert described["engine"] == "vllm"
+    # The model's replica and vLLM's processes at normal priority, not Ray's nice 15.
+    assert model_niceness == {0}, model_niceness
     fragments = [c.function for chunk in streamed for choice in chunk.choices
                  for c in choice.delta.tool_calls or ()]
     assert fragments[0].name == "get_weather"
@@ -92,3 +96,12 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
         json.loads(call.function.arguments)  # streamed as answered whole
     (item,) = [item for item in response.output if item.type == "function_call"]
     assert item.name == "get_weather" and "paris" in json.loads(item.arguments)["city"].lower()
+
+
+def _model_replica_processes() -> list[psutil.Process]:
+    """The ModelServer replica's process and every process it started (vLLM's engine)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "ServeReplica:toolspec:ModelServer" in " ".join(process.info["cmdline"] or ()):
+            found += [process, *process.children(recursive=True)]
+    return found
