@@ -69,8 +69,8 @@ class EngineSpec:
     server_args: tuple[str, ...] = ()  # more of vLLM's server flags
 
 
-def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: int
-            ) -> list[EngineSpec]:
+def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: int,
+            step_caps: list[int] = ()) -> list[EngineSpec]:
     # vLLM's CPU default KV block is 128 tokens; this deployment uses 32 (more of a tool list
     # found in the prefix cache): the -b32 servers show what that alone gives vLLM.
     b32 = ("--block-size", "32")
@@ -84,6 +84,11 @@ def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: 
                          {"engine": "vllm", "speculative_method": "toolspec",
                           "speculative_tokens": k, "step_draft_tokens": None})
               for k in toolspec_tokens]
+    # Other per-step caps (the shipped one is 32), to tune it.
+    specs += [EngineSpec(f"toolspec-vllm-k{k}-cap{cap}", "deployment",
+                         {"engine": "vllm", "speculative_method": "toolspec",
+                          "speculative_tokens": k, "step_draft_tokens": cap})
+              for k in toolspec_tokens for cap in step_caps]
     # vLLM without drafts behind this deployment: what its serving path (ingress, Ray hop,
     # call parsing) costs against vLLM's own server.
     specs.append(EngineSpec("deployment-vllm-plain", "deployment",
@@ -482,6 +487,9 @@ def main() -> int:
     parser.add_argument("--toolspec-tokens", default="16",
                         help="the ToolSpec proposer's K values on vLLM's engine")
     parser.add_argument("--ngram-tokens", type=int, default=5)
+    parser.add_argument("--step-caps", default="",
+                        help="per-step draft-token caps to add as engines "
+                        "(toolspec-vllm-kK-capC), to tune step_draft_tokens")
     parser.add_argument("--seconds", type=float, default=90.0,
                         help="per engine and level (requests in flight then finish)")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -508,7 +516,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "peer")
     args = parser.parse_args()
     specs = engines([int(k) for k in args.suffix_tokens.split(",")],
-                    [int(k) for k in args.toolspec_tokens.split(",")], args.ngram_tokens)
+                    [int(k) for k in args.toolspec_tokens.split(",")], args.ngram_tokens,
+                    [int(cap) for cap in args.step_caps.split(",") if cap])
     if args.list:
         print("\n".join(f"{spec.name}: {spec.kind} {spec.model or spec.speculative or ''}"
                         for spec in specs))

@@ -177,3 +177,17 @@ def test_the_peer_benchmark_splits_its_path_overhead_by_answer_kind() -> None:
         "1 session(s), tool-call answers: TTFT deployment-vllm-plain - vllm-b32 median "
         "+0.500 s over 1 requests"]
     assert peer_bench.path_overhead({"vllm-b32": {1: server}}) == []
+
+
+def test_the_peer_benchmark_names_each_engine_it_can_run() -> None:
+    """``--step-caps`` adds the deployment with other per-step draft caps (to tune the
+    shipped one); every engine's name is unique."""
+    import peer_bench
+
+    specs = {spec.name: spec for spec in peer_bench.engines([8], [16], 5, [16, 64])}
+    assert specs["toolspec-vllm-k16-cap16"].model == {
+        "engine": "vllm", "speculative_method": "toolspec", "speculative_tokens": 16,
+        "step_draft_tokens": 16}
+    assert specs["toolspec-vllm-k16-uncapped"].model["step_draft_tokens"] is None
+    assert "step_draft_tokens" not in specs["toolspec-vllm-k16"].model  # serve_config.yaml's
+    assert len(specs) == len(peer_bench.engines([8], [16], 5, [16, 64]))
