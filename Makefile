@@ -42,8 +42,8 @@ $(STAMP): pyproject.toml Makefile
 SERVE_URL ?= http://127.0.0.1:8000
 # Ray starts its worker processes (Serve's replicas and the engine processes they start) at
 # nice 15 unless told otherwise: then the model's compute yields to any other process on the
-# machine. RAY_worker_niceness=0 runs them at normal priority (docs/serving.md, "Replicas and
-# scheduling").
+# machine. RAY_worker_niceness=0 runs them at normal priority (docs/serving.md, "Process
+# priority").
 serve: install
 	$(VENV)/bin/ray status >/dev/null 2>&1 || RAY_worker_niceness=0 $(VENV)/bin/ray start --head --disable-usage-stats
 	$(VENV)/bin/serve deploy serve_config.yaml

@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,7 +71,7 @@ class EngineSpec:
 
 
 def engines(suffix_tokens: list[int], toolspec_tokens: list[int], ngram_tokens: int,
-            step_caps: list[int] = ()) -> list[EngineSpec]:
+            step_caps: Sequence[int] = ()) -> list[EngineSpec]:
     # vLLM's CPU default KV block is 128 tokens; this deployment uses 32 (more of a tool list
     # found in the prefix cache): the -b32 servers show what that alone gives vLLM.
     b32 = ("--block-size", "32")

@@ -202,7 +202,9 @@ def serve(settings: Settings, out: Path) -> Phase:
     generated.write_text(yaml.safe_dump(serve_config(settings, ports[2]), sort_keys=False))
     url = f"http://127.0.0.1:{ports[2]}"
     temp = Path(tempfile.mkdtemp(prefix="tsgpu-"))  # short: Ray's socket paths
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{ports[0]}",
+    # Workers (the replicas, the engine's processes) at nice 0, as `make serve` starts them.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0",
+           "RAY_ADDRESS": f"127.0.0.1:{ports[0]}",
            "RAY_DASHBOARD_ADDRESS": f"http://127.0.0.1:{ports[1]}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
                "PYTHONPATH")]))}
