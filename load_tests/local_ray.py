@@ -32,6 +32,7 @@ START_TIMEOUT_S = 600
 class RayHead:
     dashboard: str  # what `serve deploy --address` takes
     env: dict[str, str]  # the environment the Ray CLIs run with
+    pid: int  # `ray start --block`'s process: every Ray process of this head descends from it
 
 
 def free_port() -> int:
@@ -151,6 +152,6 @@ def ray_head(log_dir: Path, attempts: int = 3, worker_niceness: int = 0) -> Iter
             if attempt == attempts:
                 raise
     try:
-        yield RayHead(dashboard, env)
+        yield RayHead(dashboard, env, head.pid)
     finally:
         _stop(head, temp_dir)

@@ -70,7 +70,7 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
                 model=MODEL, input="What is the weather in Paris?", max_output_tokens=64,
                 tools=[{"type": "function", **WEATHER["function"]}])
             described = client.models.list().data[0].model_extra
-            model_niceness = {process.nice() for process in _model_replica_processes()}
+            model_niceness = {process.nice() for process in _model_replica_processes(head.pid)}
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(
                     model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "hi"}],
@@ -98,10 +98,14 @@ def test_serve_deploy_of_the_root_config_answers_a_tool_call(tmp_path: Path) -> 
     assert item.name == "get_weather" and "paris" in json.loads(item.arguments)["city"].lower()
 
 
-def _model_replica_processes() -> list[psutil.Process]:
-    """The ModelServer replica's process and every process it started (vLLM's engine)."""
+def _model_replica_processes(head_pid: int) -> list[psutil.Process]:
+    """The head's ModelServer replica process and every process it started (vLLM's
+    engine); another Ray on the machine is not looked at."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "ServeReplica:toolspec:ModelServer" in " ".join(process.info["cmdline"] or ()):
-            found += [process, *process.children(recursive=True)]
+    for process in psutil.Process(head_pid).children(recursive=True):
+        try:
+            if "ServeReplica:toolspec:ModelServer" in " ".join(process.cmdline()):
+                found += [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:  # a short-lived helper that ended meanwhile
+            continue
     return found
