@@ -285,8 +285,10 @@ def split_replica(cluster: Cluster, workers: dict[str, Any], nodes: dict[str, st
     workers["worker-5"] = cluster.add_node(num_cpus=args.cpus_per_node,
                                            resources={"toolspec-tp": 1})
     nodes[workers["worker-5"].node_id] = "worker-5"
+    # Checked every 2 s (Serve's default is 10): a lost rank is found within seconds.
     config = AppConfig(model=ModelConfig(model=MODEL, dtype="float32", draft_budget=7,
-                                         num_cpus=0.5, tensor_parallel_size=2, resources=tp),
+                                         num_cpus=0.5, tensor_parallel_size=2, resources=tp,
+                                         health_check_period_s=2.0),
                        library=LibraryConfig(enabled=False), responses=ResponsesConfig(
                            enabled=False), ingress_resources={"toolspec-head": 0.1},
                        default_max_tokens=24)

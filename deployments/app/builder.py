@@ -87,6 +87,10 @@ class ModelConfig(EngineSettings):
         64, ge=1, description="requests waiting for a replica slot (per ingress replica); "
                               "past it the client gets 429 with Retry-After")
     retry_after_s: int = Field(2, ge=1, description="the Retry-After a queue-full 429 sends")
+    health_check_period_s: float = Field(
+        10.0, gt=0, description="how often Serve asks each model replica whether its engine "
+                                "can still serve (a lost rank, a dead vLLM process); after "
+                                "three failed checks in a row Serve replaces the replica")
 
     @model_validator(mode="after")
     def _replicas_or_autoscaling(self) -> ModelConfig:
@@ -110,8 +114,6 @@ class ModelConfig(EngineSettings):
             options["request_router_config"] = RequestRouterConfig(
                 request_router_class=router, request_router_kwargs=kwargs)
         return options
-
-
 
     @model_validator(mode="after")
     def _ranks_fit(self) -> ModelConfig:
@@ -267,6 +269,7 @@ def build_app(config: AppConfig, engine_factory: EngineFactory | None = None) ->
         # Loading the model takes seconds (a minute on first use, when weights are converted;
         # vLLM compiles its graph on first start).
         "health_check_timeout_s": 300 if config.model.engine == "vllm" else 120,
+        "health_check_period_s": config.model.health_check_period_s,
         # A replica scaled down (or redeployed) stops taking requests and finishes those it
         # holds, which the request deadline bounds.
         "graceful_shutdown_timeout_s": config.request_timeout_s or 300,

@@ -37,7 +37,8 @@ def test_a_bf16_difference_is_named_a_near_tie_with_its_margin() -> None:
 @pytest.mark.real_model
 def test_the_demo_runs_two_items_end_to_end_with_identical_outputs(
         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--model", "smollm2-135m", "--dtype", "fp32", "--items", "2"]) == 0
+    assert main(["demo", "--model", "smollm2-135m", "--dtype", "fp32", "--items", "2",
+                 "--max-new-tokens", "48"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "x end to end; " in line]
     assert [line.split()[0] for line in lines] == ["pld", "toolspec"] * 2, out

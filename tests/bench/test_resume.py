@@ -134,7 +134,7 @@ def test_a_resumed_run_drafts_as_the_uninterrupted_one(tmp_path: Path) -> None:
 
     loaded = load_model("smollm2-135m", dtype="fp32", prepack_linear=False)
     items = load_apibank(sample_path())[:3]
-    methods = parse_methods("suffix,toolspec")
+    methods = parse_methods("toolspec")  # its drafter learns its suffix fallback's outputs too
     params = GenerationParams(max_new_tokens=24)
     cost = CostModel.linear(0.05)
 

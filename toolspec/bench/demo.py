@@ -74,9 +74,10 @@ def format_item(item: BenchItem, results: Mapping[str, ItemResult], exact: bool)
 
 def run_demo(model: str, dtype: str, count: int, prepack_linear: bool = True,
              exact_bf16: bool = True, methods: str = DEMO_METHODS,
-             items: Sequence[BenchItem] | None = None) -> int:
-    """Load ``model``, decode ``count`` sample items with every method, print each item and the
-    summary table. Returns the exit status (0)."""
+             items: Sequence[BenchItem] | None = None, max_new_tokens: int = 160) -> int:
+    """Load ``model``, decode ``count`` sample items with every method (at most
+    ``max_new_tokens`` each), print each item and the summary table. Returns the exit status
+    (0)."""
     print(f"loading {model} (the first run rebuilds and converts the weights, about a minute)...")
     loaded = load_model(model, dtype=dtype, prepack_linear=prepack_linear, exact_bf16=exact_bf16)
     exact = loaded.dtype == torch.float32 or loaded.exact_bf16
@@ -93,7 +94,7 @@ def run_demo(model: str, dtype: str, count: int, prepack_linear: bool = True,
     with tempfile.TemporaryDirectory(prefix="toolspec-demo-library-") as scratch, \
             CallLibrary(scratch) as library:
         results = list(run_items(build_engines(loaded, chosen), loaded.tokenizer, items, chosen,
-                                 GenerationParams(max_new_tokens=160), progress=False,
+                                 GenerationParams(max_new_tokens=max_new_tokens), progress=False,
                                  library=library))
     by_item: dict[str, dict[str, ItemResult]] = {}
     for result in results:

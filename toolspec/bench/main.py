@@ -104,7 +104,8 @@ def _sim_chains(args: argparse.Namespace, method: str, tokenizer: Any, targets: 
 def _demo(args: argparse.Namespace) -> int:
     from toolspec.bench.demo import run_demo
 
-    return run_demo(args.model, args.dtype, args.items, args.prepack_linear, args.exact_bf16)
+    return run_demo(args.model, args.dtype, args.items, args.prepack_linear, args.exact_bf16,
+                    max_new_tokens=args.max_new_tokens)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "decoding's at near-ties)")
     demo.set_defaults(exact_bf16=True)  # the demo shows identical outputs where the CPU can
     demo.add_argument("--items", type=int, default=3)
+    demo.add_argument("--max-new-tokens", type=int, default=160,
+                      help="tokens each method decodes per item at most")
     demo.set_defaults(handler=_demo)
 
     add_bench_commands(commands)

@@ -24,7 +24,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("cluster")
     done = subprocess.run(
         [sys.executable, str(REPO / "load_tests" / "cluster_faults.py"), "--out", str(out),
-         "--clients", "4", "--seconds", "15", "--warmup-requests", "8",
+         "--clients", "4", "--seconds", "10", "--warmup-requests", "8",
          "--recovery-timeout-s", "150", "--timeout-s", "45", "--tensor-parallel"],
         capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -32,6 +32,7 @@ def test_serve_config_validates_and_matches_the_builder() -> None:
     # Replicas follow load; one scaled down finishes its requests (bounded by their deadline).
     assert config.model.replicas is None and built_model.autoscaling_config.max_replicas >= 2
     assert built_model.graceful_shutdown_timeout_s == config.request_timeout_s
+    assert built_model.health_check_period_s == config.model.health_check_period_s == 10
     assert set(model.user_config) == {"model", "dtype", "draft_budget"}
     assert config.engine_settings().prepack_linear
     # Served trees are sized as the benchmarks' are (a fixed 7 replays 1.2-1.6x slower).
@@ -68,3 +69,13 @@ def test_fixed_replicas_and_autoscaling_exclude_each_other() -> None:
         {"model": {"routing": "power_of_two"}}).model.replica_options()
     with pytest.raises(ValidationError, match="step_rows"):
         AppConfig.model_validate({"model": {"step_rows": -1}})
+
+
+def test_the_health_check_period_is_a_setting() -> None:
+    """How soon a replica whose engine cannot serve is found (three failed checks in a row)."""
+    quick = AppConfig.model_validate({"model": {"health_check_period_s": 2}})
+    built = app_builder(quick.model_dump())
+    model = built._bound_deployment.init_args[0]._bound_deployment._deployment_config
+    assert model.health_check_period_s == 2
+    with pytest.raises(ValidationError, match="health_check_period_s"):
+        AppConfig.model_validate({"model": {"health_check_period_s": 0}})

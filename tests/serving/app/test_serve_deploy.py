@@ -1,8 +1,8 @@
 """The deployment as users run it: ``ray start --head`` and ``serve deploy serve_config.yaml``
 (the real root config, its shipped engine included; only its HTTP port and library directory
-are moved into the test's own space), ready per ``deployments.ops.ready``, a tool call whole and
-streamed and through the Responses API with the ``openai`` client, then ``serve shutdown`` and
-the head stopped.
+are moved into the test's own space, and vLLM's graph compile is left out: ``deploy_config``),
+ready per ``deployments.ops.ready``, a tool call whole and streamed and through the Responses
+API with the ``openai`` client, then ``serve shutdown`` and the head stopped.
 
 The Ray head is this test's own (``load_tests/local_ray.py``): its own temp dir and ports, and
 every process it started stopped after — never ``ray stop``, which would stop any Ray on the
@@ -36,11 +36,15 @@ READY_TIMEOUT_S = 900  # the model replica loads (and, on first use, converts) t
 
 
 def deploy_config(tmp_path: Path, http_port: int) -> Path:
-    """``serve_config.yaml`` as shipped, but on ``http_port`` and with a fresh library."""
+    """``serve_config.yaml`` as shipped, but on ``http_port``, with a fresh library and vLLM's
+    graph not compiled: on a fresh machine the compile alone takes a minute of a 2-core CI
+    run, and it is vLLM's own default path, outside the graph of what this project adds (the
+    proposer and the serving path run the same compiled or not)."""
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http_port
     (application,) = config["applications"]
     application["args"]["library"]["path"] = str(tmp_path / "library")
+    application["args"]["model"]["compile"] = False
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

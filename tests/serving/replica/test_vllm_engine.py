@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -64,12 +65,19 @@ def loop() -> Iterator[_Loop]:
 def engines() -> Iterator[dict[str, object]]:
     from deployments.replica.vllm_engine import VLLMChatEngine
 
-    started = {method: VLLMChatEngine(_settings(method)) for method in ("toolspec", "none")}
+    # Both start at once: each start is mostly a fresh process importing vLLM on one core.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        starting = {method: pool.submit(VLLMChatEngine, _settings(method))
+                    for method in ("toolspec", "none")}
+    started = {method: future.result() for method, future in starting.items()
+               if future.exception() is None}
     try:
+        for future in starting.values():
+            future.result()  # a start that failed fails the tests, after the others close
         yield started
     finally:
-        for engine in started.values():
-            engine.close()
+        with ThreadPoolExecutor(max_workers=2) as pool:  # each waits seconds for its processes
+            list(pool.map(lambda engine: engine.close(), started.values()))
 
 
 def _request(request_id: str, messages: list[dict], tools: list[dict] | None = None,
