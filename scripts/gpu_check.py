@@ -69,6 +69,7 @@ class Settings:
     vllm_engines: str = "vllm,vllm-suffix-k16,toolspec-vllm-k16"
     vllm_levels: str = "1,8,32"
     vllm_seconds: float = 12.0
+    vllm_kv_cache_gib: float = 4.0  # on CPU (a GPU's comes from gpu_memory_utilization)
     # The serve phase's model settings over serve_config.yaml's (the rehearsal: no compile, a
     # small KV cache, so a 2-core CI machine starts vLLM's engine in seconds, not minutes).
     serve_model: dict[str, Any] = field(default_factory=dict)
@@ -77,12 +78,13 @@ class Settings:
 # Under 9.5 minutes in all: the limits add up to 560 s.
 CUDA = Settings("qwen2.5-coder-0.5b", "bf16", 256, 10, 128, "1,8,32", 15.0, 1.0,
                 {"tests": 80, "cost_curve": 40, "bench": 100, "serve": 140, "vllm": 200})
-# The rehearsal: one level, one vLLM engine, nothing compiled: the plumbing, in CI time. Its
-# serve phase runs the project's own engine (it switches modes in place; vLLM's would start
-# twice more): vLLM behind the deployment is the vllm phase's, and the suite's.
+# The rehearsal: one level, one vLLM engine, nothing compiled, a small KV cache (a 4 GiB one
+# takes vLLM ~10 s to set up here): the plumbing, in CI time. Its serve phase runs the
+# project's own engine (it switches modes in place; vLLM's would start twice more): vLLM
+# behind the deployment is the vllm phase's, and the suite's.
 REHEARSAL = Settings("smollm2-135m", "fp32", 8, 1, 16, "1", 3.0, 0.0,
                      {"tests": 300, "cost_curve": 120, "bench": 300, "serve": 420,
-                      "vllm": 300}, "vllm", "1", 3.0, {"engine": "toolspec"})
+                      "vllm": 300}, "vllm", "1", 3.0, 0.5, {"engine": "toolspec"})
 
 
 @dataclass
@@ -267,7 +269,8 @@ def vllm(settings: Settings, cuda: bool, out: Path) -> Phase:
         str(BIN / "python"), "load_tests/peer_bench.py", "--model", settings.model,
         "--engines", settings.vllm_engines, "--levels", settings.vllm_levels, "--seconds",
         str(settings.vllm_seconds), "--warmup", "1", "--max-tokens",
-        str(settings.max_new_tokens), "--one-start", *(["--gpu"] if cuda else ["--eager"]),
+        str(settings.max_new_tokens), "--kv-cache-gib", str(settings.vllm_kv_cache_gib),
+        "--one-start", *(["--gpu"] if cuda else ["--eager"]),
         "--out", str(folder)], settings.limits_s["vllm"], out)
     report = folder / "results.json"
     if done is not None and report.is_file():
