@@ -101,15 +101,15 @@ $(AGENTS_STAMP): Makefile
 	touch $(AGENTS_STAMP)
 
 # The full suite (CI runs it): real weights, local Ray, HTTP end to end, the agent frameworks, a
-# multi-node cluster, the GPU script's CPU rehearsal, vLLM's engine (marker vllm): 24 min 9 s
-# of tests on 2 cores (a fresh clone's `bash .ci/run`, 2026-12-07 21:06 UTC, 26.4 min with the
-# install; 22 min 22 s the same afternoon: the machine is shared, the demo alone, no Ray, took
-# 17 % longer). Slowest ten: the multi-node cluster 188 s (with a two-rank replica's rank
-# killed and its node lost), the root serve_config.yaml's deploy 169 s (vLLM compiles its
-# graph), the GPU script's rehearsal 149 s, vLLM's engines' start 75 s + their identity with
-# plain vLLM 65 s, the agent frameworks' deploy 55 s, the demo 44 s, a resumed bench run 43 s,
-# exact bf16 rows 35 s, the default model's calls over HTTP 33 s. pytest lists the 15 slowest
-# after each run.
+# multi-node cluster, the GPU script's CPU rehearsal, vLLM's engine (marker vllm): 22 min 9 s
+# of tests on 2 cores (a fresh clone's `bash .ci/run`, 2026-12-08 00:35 UTC, 24.7 min with the
+# install), on an hour when the machine (shared) ran the compute-only exact-bf16 test in 37.6 s
+# against 30 s when the code before these cuts took 22 min 8 s to 24 min. Slowest ten: the
+# multi-node cluster 171 s (a two-rank replica's rank killed and its node lost), the GPU
+# script's rehearsal 155 s, the root serve_config.yaml's deploy 97 s, vLLM's engines' start
+# 73 s (two at once) + their identity with plain vLLM 61 s, the agent frameworks' deploy 59 s,
+# a resumed bench run 40 s, exact bf16 rows 38 s, the default model's calls over HTTP 37 s,
+# the bench's concurrency curve 30 s. pytest lists the 15 slowest after each run.
 test: install agents-venv
 	$(PY) -m pytest -q --durations=15
 
